@@ -1,0 +1,1 @@
+//! Receives an uploaded image archive in chunks, verifies it and pushes it into an OCI registry

@@ -1,0 +1,3 @@
+fn main() {
+    println!("runr-image-upload {}", env!("CARGO_PKG_VERSION"));
+}

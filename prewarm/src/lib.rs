@@ -1,0 +1,1 @@
+//! Makes a pull-through cache registry fetch base images ahead of the first build

@@ -1,0 +1,3 @@
+fn main() {
+    println!("runr-prewarm {}", env!("CARGO_PKG_VERSION"));
+}

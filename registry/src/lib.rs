@@ -1,0 +1,1 @@
+//! OCI registry access shared by image-receiver and prewarm: configuration, client, retries

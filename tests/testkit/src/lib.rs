@@ -1,0 +1,313 @@
+//! Test harness shared by every crate of the workspace.
+//!
+//! Real parts, not mocks: [`Registry`] starts the CNCF distribution registry from Debian's
+//! `docker-registry` package on a free loopback port with its storage in a temporary directory,
+//! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
+//! wait is on a condition with a deadline, never a bare sleep.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// A loopback port nobody listens on right now.
+///
+/// The port is released before returning, so another process could take it in between; tests
+/// that hand it to a server check that the server actually bound it.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+/// Waits until `cond` returns `Some`, polling every few milliseconds, or panics with `what`
+/// after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
+    wait_for(&format!("a listener on {addr}"), timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+            .ok()
+            .map(|_| ())
+    })
+}
+
+/// True when `name` is on PATH.
+pub fn have_tool(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// True when a Docker engine answers `docker info`.
+pub fn docker_available() -> bool {
+    have_tool("docker")
+        && Command::new("docker")
+            .arg("info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+}
+
+/// The path of a binary built by this workspace (`cargo build` puts every member's binaries in
+/// the same target directory), for tests that cross crates. A crate's own binary is better found
+/// through `env!("CARGO_BIN_EXE_<name>")`.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let path = target.join(profile).join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+// === impl Child ===
+
+/// A spawned process that is killed, with its whole process group, when dropped.
+///
+/// Spawn it with [`Child::spawn`], which puts it into a new process group so that everything it
+/// starts goes with it.
+pub struct Child {
+    inner: std::process::Child,
+    killed: bool,
+}
+
+impl Child {
+    /// Spawns `cmd` as the leader of a new process group.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
+        use std::os::unix::process::CommandExt;
+        let inner = cmd.process_group(0).spawn()?;
+        Ok(Child {
+            inner,
+            killed: false,
+        })
+    }
+
+    /// The process id (also its process group id).
+    pub fn pid(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// The underlying std child, e.g. to take its pipes.
+    pub fn inner(&mut self) -> &mut std::process::Child {
+        &mut self.inner
+    }
+
+    /// Sends `sig` to the process (not its group).
+    pub fn signal(&self, sig: Signal) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.inner.id() as i32), sig);
+    }
+
+    /// Waits for the process to exit, up to `timeout`; panics if it does not.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> ExitStatus {
+        let pid = self.inner.id();
+        let inner = &mut self.inner;
+        wait_for(&format!("process {pid} to exit"), timeout, || {
+            inner.try_wait().ok().flatten()
+        })
+    }
+
+    /// Kills the whole process group with SIGKILL and reaps the leader.
+    pub fn kill(&mut self) {
+        if !self.killed {
+            self.killed = true;
+            let _ = killpg(Pid::from_raw(self.inner.id() as i32), Signal::SIGKILL);
+            let _ = self.inner.kill();
+            let _ = self.inner.wait();
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// === impl Registry ===
+
+/// A real CNCF distribution registry (`docker-registry` from Debian) on a free loopback port,
+/// storing into a temporary directory that is removed on drop.
+pub struct Registry {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+    proxy: Option<String>,
+}
+
+impl Registry {
+    /// Starts a plain registry and waits until it answers `GET /v2/`.
+    pub fn start() -> Registry {
+        Self::start_with(None)
+    }
+
+    /// Starts a registry in pull-through cache mode for `upstream` (`http://127.0.0.1:port`).
+    pub fn start_proxy(upstream: &str) -> Registry {
+        Self::start_with(Some(upstream.to_string()))
+    }
+
+    fn start_with(proxy: Option<String>) -> Registry {
+        assert!(
+            have_tool("docker-registry"),
+            "docker-registry is not installed (apt-get install docker-registry; .ci/run does this)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("runr-registry-")
+            .tempdir()
+            .expect("tempdir");
+        let mut reg = Registry {
+            child: None,
+            dir,
+            port: free_port(),
+            proxy,
+        };
+        reg.restart();
+        reg
+    }
+
+    /// Starts the registry again on the same port and storage (after [`Registry::stop`]).
+    pub fn restart(&mut self) {
+        self.stop();
+        let config = self.dir.path().join("config.yml");
+        let storage = self.dir.path().join("storage");
+        let proxy = match &self.proxy {
+            Some(url) => format!("proxy:\n  remoteurl: {url}\n"),
+            None => String::new(),
+        };
+        let yaml = format!(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
+             filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  \
+             maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: 127.0.0.1:{}\n{}",
+            storage.display(),
+            self.port,
+            proxy
+        );
+        std::fs::write(&config, yaml).expect("write registry config");
+        let log = std::fs::File::create(self.dir.path().join("registry.log")).expect("log file");
+        let child = Child::spawn(
+            Command::new("docker-registry")
+                .arg("serve")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("clone log"))
+                .stderr(log),
+        )
+        .expect("spawn docker-registry");
+        self.child = Some(child);
+        let url = format!("http://{}/v2/", self.addr());
+        wait_for(
+            &format!("docker-registry to answer {url}"),
+            Duration::from_secs(20),
+            || {
+                if let Some(c) = self.child.as_mut() {
+                    if let Ok(Some(status)) = c.inner().try_wait() {
+                        panic!(
+                            "docker-registry exited with {status}: {}",
+                            std::fs::read_to_string(self.dir.path().join("registry.log"))
+                                .unwrap_or_default()
+                        );
+                    }
+                }
+                http_get_status(self.addr(), "/v2/").filter(|s| *s == 200 || *s == 401)
+            },
+        );
+    }
+
+    /// Stops the registry (SIGKILL to its group); storage stays for [`Registry::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `127.0.0.1:<port>` as a string, the form image references and skopeo use.
+    pub fn host(&self) -> String {
+        self.addr().to_string()
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// The registry's storage root on disk (blobs under `docker/registry/v2/blobs`).
+    pub fn storage(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
+    /// The registry's own log, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A minimal blocking HTTP/1.0 GET that returns the status code, for readiness checks only.
+pub fn http_get_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).ok()?;
+    let head = std::str::from_utf8(&buf[..n]).ok()?;
+    head.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs `skopeo` with `args` (always with `--insecure-policy` and plain-HTTP registries) and
+/// panics with its output when it fails.
+pub fn skopeo(args: &[&str]) -> String {
+    assert!(have_tool("skopeo"), "skopeo is not installed");
+    let out = Command::new("skopeo")
+        .arg("--insecure-policy")
+        .args(args)
+        .output()
+        .expect("run skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo {args:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,0 +1,1 @@
+//! Sends one RunR schedule CloudEvent to a local server

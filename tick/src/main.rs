@@ -1,0 +1,3 @@
+fn main() {
+    println!("runr-tick {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,1 @@
+//! Entrypoint of RunR function containers: HTTP, queue and schedule invocations of the user's program

@@ -1,0 +1,3 @@
+fn main() {
+    println!("runr-wrapper {}", env!("CARGO_PKG_VERSION"));
+}
