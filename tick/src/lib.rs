@@ -1,1 +1,88 @@
-//! Sends one RunR schedule CloudEvent to a local server
+//! The schedule tick of RunR: one CloudEvent (`dev.runr.schedule.tick`, binary content mode) sent
+//! to a server on 127.0.0.1:$PORT once it listens.
+//!
+//! One implementation, two entrypoints: the `runr-tick` binary (WebAssembly images that need only
+//! the tick) and `runr-wrapper tick`; the wrapper's schedule trigger also reuses the event, the
+//! wait-for-listener loop and the send.
+
+pub mod client;
+pub mod config;
+pub mod event;
+pub mod log;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+pub use client::{send, wait_and_send, wait_for_listener, TickError, TickResponse};
+pub use config::{parse_duration, ConfigError, Target, TickConfig};
+pub use event::ScheduleEvent;
+
+/// Exit status for a configuration that cannot be used.
+pub const EXIT_CONFIG: u8 = 2;
+
+/// The whole `tick` command after logging is set up: reads the configuration through `get`,
+/// sends one tick, prints the response body to stdout and returns the exit status (0 below 400,
+/// 1 for an error status or no answer, 2 for bad configuration).
+pub fn command(get: impl Fn(&str) -> Option<String>) -> ExitCode {
+    let config = match TickConfig::from_lookup(get) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!(variable = %e.name, value = %e.value, "invalid configuration: {e}");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let event = ScheduleEvent::new();
+    match runtime.block_on(wait_and_send(&config.target, config.wait, &event)) {
+        Ok(response) => ExitCode::from(print_response(&response)),
+        Err(e) => {
+            tracing::error!(target_url = %config.target, "{}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes the body to stdout and logs an error status; returns the exit status for `response`.
+pub fn print_response(response: &TickResponse) -> u8 {
+    let mut out = std::io::stdout().lock();
+    let written = out.write_all(&response.body).and_then(|()| {
+        if !response.body.ends_with(b"\n") && !response.body.is_empty() {
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    });
+    if let Err(e) = written {
+        // A closed stdout (BrokenPipe) loses the printout but not the tick's outcome.
+        tracing::warn!(error = %e, "cannot write the response body to stdout");
+    }
+    if response.status >= 400 {
+        tracing::error!(
+            status = response.status,
+            "the schedule event was answered with an error status"
+        );
+    }
+    response.exit_code()
+}
+
+/// `err` and its sources, joined with `: `.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}

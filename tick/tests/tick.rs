@@ -1,0 +1,208 @@
+//! `runr-tick` end to end: the real binary against a real CloudEvents consumer (python3 with the
+//! `cloudevents` SDK from PyPI), a server that answers an error, a late server and no server.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use runr_testkit::{free_port, Child};
+
+const TICK: &str = env!("CARGO_BIN_EXE_runr-tick");
+
+fn receiver_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ce_receiver.py")
+}
+
+/// Starts the CloudEvents receiver on `port` (0: any) answering `status`; returns it and its port.
+fn start_receiver(port: u16, status: u16) -> (Child, u16) {
+    let mut child = Child::spawn(
+        Command::new("python3")
+            .arg(receiver_script())
+            .arg(port.to_string())
+            .arg(status.to_string())
+            .stdout(Stdio::piped()),
+    )
+    .expect("start python3 receiver");
+    let mut line = String::new();
+    BufReader::new(child.inner().stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .expect("read receiver port");
+    let port = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("receiver said {line:?}"))
+        .parse()
+        .unwrap();
+    (child, port)
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Starts `runr-tick` with exactly `env` (plus PATH) and waits for it.
+fn spawn_tick(env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(TICK);
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Child::spawn(&mut cmd).expect("spawn runr-tick")
+}
+
+fn finish(mut child: Child) -> Run {
+    let status = child.wait_timeout(Duration::from_secs(30));
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child
+        .inner()
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .inner()
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Run {
+        code: status.code().expect("exited by a signal"),
+        stdout,
+        stderr,
+    }
+}
+
+fn run_tick(env: &[(&str, String)]) -> Run {
+    finish(spawn_tick(env))
+}
+
+#[test]
+fn tick_is_a_conforming_cloudevent() {
+    let (_rx, port) = start_receiver(0, 200);
+    let run = run_tick(&[("PORT", port.to_string())]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let seen: serde_json::Value = serde_json::from_str(run.stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout {:?}: {e}", run.stdout));
+    assert_eq!(seen["type"], "dev.runr.schedule.tick", "{seen}");
+    assert_eq!(seen["source"], "/runr/schedule");
+    assert_eq!(seen["specversion"], "1.0");
+    assert_eq!(seen["data"], serde_json::json!({"trigger": "schedule"}));
+    assert_eq!(seen["path"], "/");
+    assert_eq!(seen["id"].as_str().unwrap().len(), 36);
+
+    // Two ticks never share an id.
+    let again = run_tick(&[("PORT", port.to_string())]);
+    let again: serde_json::Value = serde_json::from_str(again.stdout.trim()).unwrap();
+    assert_ne!(again["id"], seen["id"]);
+}
+
+#[test]
+fn receiver_rejects_a_non_conforming_event() {
+    // The consumer is only a witness if it can say no: a structured-mode-less POST without
+    // ce-specversion must be refused.
+    let (_rx, port) = start_receiver(0, 200);
+    let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+    let body = r#"{"trigger":"schedule"}"#;
+    write!(
+        s,
+        "POST / HTTP/1.1\r\nHost: x\r\nce-type: dev.runr.schedule.tick\r\nce-source: /runr/schedule\r\n\
+         ce-id: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+}
+
+#[test]
+fn tick_url_with_path_is_used() {
+    let (_rx, port) = start_receiver(0, 202);
+    let run = run_tick(&[
+        ("PORT", "1".to_string()),
+        ("RUNR_TICK_URL", format!("http://localhost:{port}/cron?x=1")),
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let seen: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(seen["path"], "/cron?x=1");
+}
+
+#[test]
+fn error_status_prints_body_and_exits_1() {
+    let (_rx, port) = start_receiver(0, 500);
+    let run = run_tick(&[("PORT", port.to_string())]);
+    assert_eq!(run.code, 1, "stderr: {}", run.stderr);
+    assert!(
+        run.stdout.contains("dev.runr.schedule.tick"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.contains("status=500"), "{}", run.stderr);
+}
+
+#[test]
+fn waits_for_a_late_server() {
+    let port = free_port();
+    let tick = spawn_tick(&[("PORT", port.to_string())]);
+    // The tick is already retrying while python starts up (about 100 ms).
+    let (_rx, _) = start_receiver(port, 200);
+    let run = finish(tick);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    assert!(
+        run.stdout.contains("\"trigger\": \"schedule\""),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn nobody_listening_exits_1_with_a_line() {
+    let port = free_port();
+    let run = run_tick(&[
+        ("PORT", port.to_string()),
+        ("RUNR_TICK_WAIT", "300ms".to_string()),
+    ]);
+    assert_eq!(run.code, 1);
+    assert!(run.stdout.is_empty());
+    let line = run.stderr.trim();
+    assert!(line.starts_with("[runr-tick] ERROR"), "{line}");
+    assert!(
+        line.contains(&format!("nothing listens on http://127.0.0.1:{port}/")),
+        "{line}"
+    );
+}
+
+#[test]
+fn bad_configuration_exits_2_naming_each_variable() {
+    let run = run_tick(&[
+        ("PORT", "eighty".to_string()),
+        ("RUNR_TICK_WAIT", "1 day".to_string()),
+    ]);
+    assert_eq!(run.code, 2);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", run.stderr);
+    assert!(lines[0].contains("PORT=\"eighty\""), "{}", lines[0]);
+    assert!(
+        lines[1].contains("RUNR_TICK_WAIT=\"1 day\""),
+        "{}",
+        lines[1]
+    );
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let out = Command::new(TICK).arg("version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("runr-tick {}", env!("CARGO_PKG_VERSION"))
+    );
+}
