@@ -1,1 +1,20 @@
-//! OCI registry access shared by image-receiver and prewarm: configuration, client, retries
+//! OCI registry access shared by `runr-image-upload` and `runr-prewarm` (and nothing else: the
+//! wrapper is copied into every pod and must stay small).
+//!
+//! - [`config`]: the registry variables both binaries read (`RUNR_REGISTRY_*`), parsed from a
+//!   lookup so tests pass a map;
+//! - [`client`]: an [`oci_client::Client`] built for a scratch image (built-in roots, ring);
+//! - [`retry`]: which failures are worth another attempt and how long to wait before it.
+
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod config;
+pub mod retry;
+
+pub use client::{build_client, ClientError, Timeouts};
+pub use config::{ConfigError, RegistryConfig};
+pub use retry::{is_transient, Backoff};
+
+/// Re-exported so that users name the same version of the client crate.
+pub use oci_client;
