@@ -1,3 +1,84 @@
-fn main() {
-    println!("runr-wrapper {}", env!("CARGO_PKG_VERSION"));
+//! runr-wrapper: parse the subcommand and the environment, set up logs, run, map the result to
+//! an exit status (2 for bad configuration or usage, 1 for a failure at run time).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use runr_wrapper::commands;
+use runr_wrapper::config::Config;
+use runr_wrapper::logging;
+
+/// sysexits-style status for bad configuration and bad usage, as the platform expects.
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None | Some("serve") => serve(),
+        Some("install") => match args.get(1) {
+            Some(dest) if args.len() == 2 => install(Path::new(dest)),
+            _ => usage("install needs exactly one argument: the destination path"),
+        },
+        Some("version" | "--version" | "-V" | "help" | "--help" | "-h") => {
+            print!("{}", commands::version());
+            ExitCode::SUCCESS
+        }
+        Some(other) => usage(&format!("unknown subcommand {other:?}")),
+    }
+}
+
+fn serve() -> ExitCode {
+    let lookup = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    let config = match Config::from_lookup(lookup) {
+        Ok(config) => config,
+        Err(errors) => {
+            logging::init(tracing::Level::INFO);
+            for e in &errors.0 {
+                tracing::error!("invalid configuration: {e}");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    logging::init(config.log_level);
+    // One thread: the wrapper's work per request is small, and a single thread keeps its
+    // memory small and its spawning/reaping free of cross-thread races.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("serve failed: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn install(dest: &Path) -> ExitCode {
+    match commands::install(dest) {
+        Ok(()) => {
+            eprintln!("{} installed to {}", logging::PREFIX, dest.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "{} install failed: {:#}",
+                logging::PREFIX,
+                anyhow::Error::from(e)
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("{} {problem}\n\n{}", logging::PREFIX, commands::version());
+    ExitCode::from(EXIT_CONFIG)
 }

@@ -1,0 +1,170 @@
+//! Exec mode: one process per invocation. Stdin gets the envelope (or the raw body), stdout is
+//! the answer, stderr goes to the logs line by line; the process group dies on timeout.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::time::Instant;
+
+use crate::config::{Config, Input};
+use crate::envelope::Request;
+use crate::invoke::{Ended, Outcome, MAX_OUTPUT};
+use crate::process::{self, Process};
+use crate::reaper::Exit;
+use crate::response;
+
+/// Where code-mounted functions find their files; the handler's cwd when it exists.
+pub const CODE_DIR: &str = "/app/code";
+
+/// Starts the handler once per invocation.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    command: Vec<String>,
+    cwd: Option<PathBuf>,
+    input: Input,
+    timeout: Duration,
+}
+
+/// What the handler produced before it exited.
+enum Collected {
+    Done { exit: Exit, stdout: Vec<u8> },
+    TooLarge,
+}
+
+impl Exec {
+    /// The exec invoker for `config`.
+    pub fn new(config: &Config) -> Exec {
+        Exec {
+            command: config.command.clone(),
+            cwd: code_dir(),
+            input: config.input,
+            timeout: config.timeout,
+        }
+    }
+
+    /// Runs the handler for `req` and maps what it did to an answer.
+    pub async fn invoke(&self, req: &Request) -> Outcome {
+        let deadline = Instant::now() + self.timeout;
+        let mut cmd = Command::new(&self.command[0]);
+        cmd.args(&self.command[1..])
+            .envs(req.exec_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut proc = match process::spawn(&mut cmd) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(command = ?self.command, error = %e, "handler failed to start");
+                return Outcome::failed_to_start();
+            }
+        };
+        if let Some(stderr) = proc.stderr.take() {
+            process::forward_lines(stderr);
+        }
+        let input = match self.input {
+            Input::Json => Bytes::from(req.envelope_json()),
+            Input::Raw => req.body.clone(),
+        };
+        let stdin = proc.stdin.take();
+        let stdout = proc.stdout.take();
+        match tokio::time::timeout_at(deadline, collect(&mut proc, stdin, stdout, input)).await {
+            Err(_elapsed) => {
+                // The handler used its whole budget: no grace period, the group goes now (a
+                // grace period would delay the 504 and keep a stuck process tree alive).
+                proc.signal_group(Signal::SIGKILL);
+                Outcome::timed_out(self.timeout)
+            }
+            Ok(Collected::TooLarge) => {
+                proc.signal_group(Signal::SIGKILL);
+                Outcome::output_too_large()
+            }
+            Ok(Collected::Done { exit, stdout }) => answer(exit, stdout),
+        }
+    }
+}
+
+/// `/app/code` when it is a directory.
+fn code_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(CODE_DIR);
+    dir.is_dir().then_some(dir)
+}
+
+/// Exit status and stdout → answer: exit 0 answers stdout; non-zero answers a response
+/// envelope if stdout holds one, else 500 `handler exited with status N`.
+fn answer(exit: Exit, stdout: Vec<u8>) -> Outcome {
+    if exit.success() {
+        return Outcome::answered(response::from_exec_output(Bytes::from(stdout)));
+    }
+    match response::envelope_reply(&stdout) {
+        Some(reply) => Outcome::answered(reply),
+        None => Outcome::failed(
+            Ended::ExitStatus(exit.code()),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("handler exited with status {}", exit.code()),
+        ),
+    }
+}
+
+/// Feeds stdin and reads stdout at the same time (a handler that writes before it has read
+/// everything must not deadlock against us) until the handler exits.
+async fn collect(
+    proc: &mut Process,
+    stdin: Option<pipe::Sender>,
+    mut stdout: Option<pipe::Receiver>,
+    input: Bytes,
+) -> Collected {
+    let write = async move {
+        if let Some(mut w) = stdin {
+            // EPIPE means the handler does not read its input, which is its right.
+            let _ = w.write_all(&input).await;
+        }
+        // Dropping `w` closes stdin: the handler sees EOF.
+    };
+    tokio::pin!(write);
+    let mut written = false;
+    let mut eof = stdout.is_none();
+    let mut out = Vec::new();
+    let exit = loop {
+        tokio::select! {
+            exit = proc.wait() => break exit,
+            () = &mut write, if !written => written = true,
+            read = read_some(&mut stdout, &mut out), if !eof => match read {
+                Ok(0) | Err(_) => eof = true,
+                Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
+                Ok(_) => {}
+            },
+        }
+    };
+    // The handler has exited, so everything it wrote is in the pipe already. Read only that:
+    // a grandchild that inherited stdout and lives on must not hold the answer back.
+    if let (Some(r), false) = (stdout.as_mut(), eof) {
+        loop {
+            out.reserve(64 * 1024);
+            match r.try_read_buf(&mut out) {
+                Ok(0) | Err(_) => break,
+                Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
+                Ok(_) => {}
+            }
+        }
+    }
+    Collected::Done { exit, stdout: out }
+}
+
+async fn read_some(r: &mut Option<pipe::Receiver>, out: &mut Vec<u8>) -> std::io::Result<usize> {
+    match r {
+        Some(r) => {
+            out.reserve(16 * 1024);
+            r.read_buf(out).await
+        }
+        None => Ok(0),
+    }
+}

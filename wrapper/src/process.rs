@@ -1,0 +1,225 @@
+//! Starting the user's processes: each in its own process group, with async pipes, owned by a
+//! [`Process`] guard that kills the whole group when dropped before the process was reaped (a
+//! cancelled request leaves no strays). Exit statuses come from [`crate::reaper`].
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use crate::reaper::{self, Exit};
+
+/// Longest stderr line forwarded as one log line; longer ones are split.
+const MAX_LOG_LINE: usize = 64 * 1024;
+
+/// A running process (the leader of its own process group) and its pipes.
+pub struct Process {
+    pid: i32,
+    exit: oneshot::Receiver<Exit>,
+    status: Option<Exit>,
+    /// Its stdin, when piped.
+    pub stdin: Option<pipe::Sender>,
+    /// Its stdout, when piped.
+    pub stdout: Option<pipe::Receiver>,
+    /// Its stderr, when piped.
+    pub stderr: Option<pipe::Receiver>,
+}
+
+/// Spawns `cmd` as the leader of a new process group and registers it with the reaper. Must
+/// run inside the tokio runtime.
+pub fn spawn(cmd: &mut Command) -> io::Result<Process> {
+    reaper::ensure_started()?;
+    // A group of its own: timeouts and cancellations kill the handler with everything it
+    // started, and a terminal's or our own group's signals do not reach it.
+    cmd.process_group(0);
+    let (mut child, exit) = {
+        // Held across fork/exec: see the reaper module docs.
+        let mut table = reaper::lock();
+        let child = cmd.spawn()?;
+        let exit = table.register(child.id() as i32);
+        (child, exit)
+    };
+    let pid = child.id() as i32;
+    // std's Child is dropped without waiting (its Drop does not wait); the reaper has the pid.
+    let stdin = child
+        .stdin
+        .take()
+        .map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
+    let mut process = Process {
+        pid,
+        exit,
+        status: None,
+        stdin: None,
+        stdout: None,
+        stderr: None,
+    };
+    // On error `process` drops here and kills the fresh group.
+    process.stdin = stdin.transpose()?;
+    process.stdout = stdout.transpose()?;
+    process.stderr = stderr.transpose()?;
+    Ok(process)
+}
+
+impl Process {
+    /// The process id, which is also its process group id.
+    pub fn id(&self) -> i32 {
+        self.pid
+    }
+
+    /// Waits until the process has exited and been reaped. Cancel-safe.
+    pub async fn wait(&mut self) -> Exit {
+        if let Some(status) = self.status {
+            return status;
+        }
+        // The sender only goes away with a reaped status sent, or if the table was torn down;
+        // report the latter like a kill so callers never hang.
+        let status = (&mut self.exit).await.unwrap_or(Exit::Signal(9));
+        self.status = Some(status);
+        status
+    }
+
+    /// The exit status if the process has been reaped already.
+    pub fn try_status(&mut self) -> Option<Exit> {
+        if self.status.is_none() {
+            self.status = self.exit.try_recv().ok();
+        }
+        self.status
+    }
+
+    /// Sends `sig` to the whole process group while the leader is not reaped yet (after that
+    /// its pgid could name somebody else's group). Returns whether it was sent.
+    pub fn signal_group(&self, sig: Signal) -> bool {
+        let table = reaper::lock();
+        // pgid 0 or 1 would signal our own group or everything we may kill.
+        if self.pid <= 1 || !table.is_live(self.pid) {
+            return false;
+        }
+        match killpg(Pid::from_raw(self.pid), sig) {
+            Ok(()) => true,
+            // ESRCH: the group is gone already, which is what we wanted.
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+    }
+}
+
+/// Forwards a process's stderr (or any pipe) to our stderr line by line, until EOF.
+pub fn forward_lines(from: pipe::Receiver) {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match read_line_capped(&mut reader, &mut line, MAX_LOG_LINE).await {
+                Ok(Line::Eof) => {
+                    if !line.is_empty() {
+                        crate::logging::program_line(&line);
+                    }
+                    return;
+                }
+                Ok(Line::Complete | Line::TooLong) => crate::logging::program_line(&line),
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+/// What [`read_line_capped`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A line ending in `\n` (included).
+    Complete,
+    /// `cap` bytes without a newline; the rest of the line is still unread.
+    TooLong,
+    /// End of input; `buf` holds whatever came before it.
+    Eof,
+}
+
+/// Appends one line to `buf`, reading at most `cap` bytes, so a program that never writes a
+/// newline cannot make us buffer without bound. Cancel-safe only between lines.
+pub async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<Line> {
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(Line::Eof);
+        }
+        let room = cap.saturating_sub(buf.len());
+        let (take, done) = match memchr_newline(available) {
+            Some(i) if i < room => (i + 1, Some(Line::Complete)),
+            _ if available.len() >= room => (room, Some(Line::TooLong)),
+            _ => (available.len(), None),
+        };
+        buf.extend_from_slice(&available[..take]);
+        reader.consume(take);
+        if let Some(line) = done {
+            return Ok(line);
+        }
+    }
+}
+
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines(input: &[u8], cap: usize) -> Vec<(Vec<u8>, Line)> {
+        let mut r = BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        loop {
+            let mut buf = Vec::new();
+            let l = read_line_capped(&mut r, &mut buf, cap).await.unwrap();
+            let eof = l == Line::Eof;
+            out.push((buf, l));
+            if eof {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_are_split_and_capped() {
+        let got = lines(b"ab\ncdefghij\nk", 5).await;
+        assert_eq!(
+            got,
+            vec![
+                (b"ab\n".to_vec(), Line::Complete),
+                (b"cdefg".to_vec(), Line::TooLong),
+                (b"hij\n".to_vec(), Line::Complete),
+                (b"k".to_vec(), Line::Eof),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_cap_with_newline_is_too_long_then_complete() {
+        let got = lines(b"abcde\n", 5).await;
+        assert_eq!(got[0], (b"abcde".to_vec(), Line::TooLong));
+        assert_eq!(got[1], (b"\n".to_vec(), Line::Complete));
+    }
+}

@@ -1,0 +1,164 @@
+//! Reaping: the ONE place in the wrapper that calls `waitpid`.
+//!
+//! As PID 1 of a pod (or as a child subreaper otherwise) the wrapper inherits every orphaned
+//! descendant — a handler's `sleep 60 &` outlives the handler — and must reap them or they stay
+//! zombies. Reaping orphans needs `waitpid(-1)`, and a `waitpid(-1)` loop next to
+//! `tokio::process` steals the exit statuses tokio waits for (both wait, only one gets the
+//! status). So the wrapper owns all spawning and all reaping itself:
+//!
+//! - every process is started by [`crate::process::spawn`], which registers its pid in
+//!   [`Table`] while holding the table's lock across `fork/exec` (so a child that exits at once
+//!   cannot be reaped before it is registered, and std's own `waitpid(pid)` on a failed exec
+//!   cannot race with us);
+//! - one task here calls `waitpid(-1, WNOHANG)` until nothing is left after each SIGCHLD
+//!   (several exits can share one SIGCHLD) and hands each status to the registered waiter;
+//!   statuses of pids nobody registered are orphans and are simply dropped.
+//!
+//! Consequence for the rest of the crate: never use `tokio::process` or `std::process::Child::wait`
+//! here; spawn with [`crate::process::spawn`] and wait with [`crate::process::Process::wait`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::oneshot;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this status.
+    Code(i32),
+    /// It was killed by this signal number.
+    Signal(i32),
+}
+
+impl Exit {
+    /// The status as a shell reports it: the exit code, or 128 + the signal number.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Code(c) => c,
+            Exit::Signal(s) => 128 + s,
+        }
+    }
+
+    /// Exited with status 0.
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+/// The processes whose exit somebody waits for, by pid.
+pub struct Table {
+    waiting: BTreeMap<i32, oneshot::Sender<Exit>>,
+}
+
+static TABLE: Mutex<Table> = Mutex::new(Table {
+    waiting: BTreeMap::new(),
+});
+
+/// True while a reaper task runs (reset when its runtime drops it, so a new runtime, e.g. in
+/// tests, starts its own).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Locks the table. Hold it across spawning (see the module docs) and across signalling a
+/// group (a registered pid is not reaped yet, so its pgid cannot have been recycled).
+pub fn lock() -> MutexGuard<'static, Table> {
+    // A panic while holding the lock leaves the map itself consistent.
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Table {
+    /// Registers `pid`; the receiver gets its exit status once it is reaped.
+    pub fn register(&mut self, pid: i32) -> oneshot::Receiver<Exit> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.insert(pid, tx);
+        rx
+    }
+
+    /// True while `pid` is registered and not reaped yet.
+    pub fn is_live(&self, pid: i32) -> bool {
+        self.waiting.contains_key(&pid)
+    }
+
+    fn reaped(&mut self, pid: Pid, exit: Exit) {
+        match self.waiting.remove(&pid.as_raw()) {
+            // The waiter may be gone (request cancelled): nothing to tell then.
+            Some(tx) => drop(tx.send(exit)),
+            None => tracing::debug!(pid = pid.as_raw(), ?exit, "reaped orphan"),
+        }
+    }
+}
+
+/// Starts the reaper task on the current tokio runtime unless one runs already. The SIGCHLD
+/// handler is installed before this returns, so call it before the first spawn.
+pub fn ensure_started() -> std::io::Result<()> {
+    if RUNNING.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    match signal(SignalKind::child()) {
+        Ok(sigchld) => {
+            tokio::spawn(reap_loop(sigchld, Running));
+            Ok(())
+        }
+        Err(e) => {
+            RUNNING.store(false, Ordering::SeqCst);
+            Err(e)
+        }
+    }
+}
+
+/// Clears [`RUNNING`] when the reaper task is dropped with its runtime.
+struct Running;
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.store(false, Ordering::SeqCst);
+    }
+}
+
+async fn reap_loop(mut sigchld: Signal, _running: Running) {
+    loop {
+        // Reap first: children may have exited before the handler was installed.
+        reap_now();
+        if sigchld.recv().await.is_none() {
+            return;
+        }
+    }
+}
+
+/// Reaps every exited child, ours or orphaned, without blocking.
+pub fn reap_now() {
+    let mut table = lock();
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => table.reaped(pid, Exit::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => table.reaped(pid, Exit::Signal(sig as i32)),
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+            // Stop/continue reports are not asked for (no WUNTRACED); skip them if they come.
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "waitpid failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Makes sure orphaned descendants come to us: PID 1 gets them from the kernel; otherwise we
+/// ask to be a child subreaper. Logs once when neither works (tini's `reaper_check`).
+pub fn adopt_orphans() {
+    if std::process::id() == 1 {
+        tracing::info!("running as PID 1: reaping orphaned processes");
+        return;
+    }
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!(
+            error = %e,
+            "not PID 1 and cannot become a child subreaper: orphaned processes are left to init"
+        );
+    }
+}

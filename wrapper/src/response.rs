@@ -1,0 +1,359 @@
+//! Handler output → HTTP response: a response envelope (`statusCode` / `headers` / `body`) or a
+//! raw body. Any bytes give a well-formed answer; nothing here can panic on user output.
+
+use base64::Engine;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::StatusCode;
+use serde_json::Value;
+
+/// `Content-Type` of text bodies.
+pub const TEXT: &str = "text/plain; charset=utf-8";
+/// `Content-Type` of JSON bodies.
+pub const JSON: &str = "application/json";
+/// `Content-Type` of base64-decoded bodies.
+pub const OCTETS: &str = "application/octet-stream";
+
+/// A finished HTTP answer, independent of hyper so every mode (and the one-shot schedule run)
+/// can use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The status code.
+    pub status: StatusCode,
+    /// Headers in order; a name may repeat.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// A `{"error": message}` answer.
+    pub fn error(status: StatusCode, message: &str) -> Reply {
+        let body = serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default();
+        Reply::with_type(status, JSON, body.into())
+    }
+
+    /// A body with one `Content-Type`.
+    pub fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
+        Reply {
+            status,
+            headers: vec![(CONTENT_TYPE, HeaderValue::from_static(content_type))],
+            body,
+        }
+    }
+
+    /// The first value of header `name`, if set.
+    pub fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// True when the handler set header `name`.
+    pub fn has_header(&self, name: &HeaderName) -> bool {
+        self.header(name).is_some()
+    }
+}
+
+/// What an exec-mode handler wrote on stdout: an envelope when it is a JSON object with a
+/// numeric `statusCode`, else the raw body (JSON or text).
+pub fn from_exec_output(stdout: Bytes) -> Reply {
+    match envelope_reply(&stdout) {
+        Some(reply) => reply,
+        None => raw(stdout),
+    }
+}
+
+/// The answer of stdout when it holds a response envelope, for exec mode's exit-status rule (a
+/// failing handler that still wrote an envelope gets its envelope answered).
+pub fn envelope_reply(stdout: &[u8]) -> Option<Reply> {
+    parse_envelope_bytes(stdout).map(from_envelope)
+}
+
+fn parse_envelope_bytes(stdout: &[u8]) -> Option<serde_json::Map<String, Value>> {
+    let trimmed = stdout.trim_ascii();
+    if trimmed.first() != Some(&b'{') {
+        return None;
+    }
+    match serde_json::from_slice::<Value>(trimmed) {
+        Ok(Value::Object(map)) if map.get("statusCode").is_some_and(Value::is_number) => Some(map),
+        _ => None,
+    }
+}
+
+/// The JSON value a persistent worker answered with: an envelope, a JSON string (sent as
+/// text), or any other JSON value (sent as JSON).
+pub fn from_worker_value(value: Value, line: &[u8]) -> Reply {
+    match value {
+        Value::Object(map) if map.get("statusCode").is_some_and(Value::is_number) => {
+            from_envelope(map)
+        }
+        Value::String(s) => Reply::with_type(StatusCode::OK, TEXT, Bytes::from(s)),
+        _ => Reply::with_type(
+            StatusCode::OK,
+            JSON,
+            Bytes::copy_from_slice(line.trim_ascii()),
+        ),
+    }
+}
+
+/// Raw output: `application/json` when it is valid JSON, text otherwise.
+fn raw(stdout: Bytes) -> Reply {
+    let is_json = !stdout.trim_ascii().is_empty()
+        && serde_json::from_slice::<serde::de::IgnoredAny>(&stdout).is_ok();
+    Reply::with_type(StatusCode::OK, if is_json { JSON } else { TEXT }, stdout)
+}
+
+/// A response envelope → reply. Header values that HTTP cannot carry are dropped with a
+/// warning rather than failing the whole answer.
+fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
+    let status = match map.get("statusCode").and_then(status_code) {
+        Some(s) => s,
+        None => {
+            let got = map
+                .get("statusCode")
+                .map(Value::to_string)
+                .unwrap_or_default();
+            return Reply::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("handler returned an invalid statusCode {got}"),
+            );
+        }
+    };
+    let mut headers = Vec::new();
+    if let Some(Value::Object(hs)) = map.get("headers") {
+        for (name, value) in hs {
+            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+                tracing::warn!(header = %name, "handler returned an invalid header name; dropped");
+                continue;
+            };
+            // hyper frames the body itself; a handler's framing headers would contradict it.
+            if name == http::header::CONTENT_LENGTH
+                || name == http::header::TRANSFER_ENCODING
+                || name == http::header::CONNECTION
+            {
+                continue;
+            }
+            let values = match value {
+                Value::Array(items) => items.iter().collect(),
+                other => vec![other],
+            };
+            for v in values {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    _ => continue,
+                };
+                match HeaderValue::from_str(&text) {
+                    Ok(v) => headers.push((name.clone(), v)),
+                    Err(_) => {
+                        tracing::warn!(header = %name, "handler returned an invalid header value; dropped")
+                    }
+                }
+            }
+        }
+    }
+    let is_base64 = map.get("isBase64Encoded").and_then(Value::as_bool) == Some(true);
+    let (body, default_type) = match map.remove("body") {
+        None | Some(Value::Null) => (Bytes::new(), None),
+        Some(Value::String(s)) if is_base64 => {
+            match base64::engine::general_purpose::STANDARD.decode(s.trim()) {
+                Ok(bytes) => (Bytes::from(bytes), Some(OCTETS)),
+                Err(_) => {
+                    return Reply::error(
+                        StatusCode::BAD_GATEWAY,
+                        "handler returned isBase64Encoded with a body that is not base64",
+                    )
+                }
+            }
+        }
+        Some(Value::String(s)) => (Bytes::from(s), Some(TEXT)),
+        Some(other) => (Bytes::from(other.to_string()), Some(JSON)),
+    };
+    if let Some(t) = default_type {
+        if !headers.iter().any(|(n, _)| n == CONTENT_TYPE) {
+            headers.push((CONTENT_TYPE, HeaderValue::from_static(t)));
+        }
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A whole number in 100–999 (`201`, `201.0`); anything else is not a status.
+fn status_code(v: &Value) -> Option<StatusCode> {
+    let n = v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+            .map(|f| f as u64)
+    })?;
+    u16::try_from(n)
+        .ok()
+        .filter(|n| (100..=999).contains(n))
+        .and_then(|n| StatusCode::from_u16(n).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctype(r: &Reply) -> &str {
+        r.header(&CONTENT_TYPE).unwrap().to_str().unwrap()
+    }
+
+    fn exec(s: &str) -> Reply {
+        from_exec_output(Bytes::from(s.to_string()))
+    }
+
+    #[test]
+    fn envelope_with_string_body() {
+        let r = exec(
+            r#"{"statusCode": 201, "headers": {"Content-Type": "text/html"}, "body": "<b>created</b>"}"#,
+        );
+        assert_eq!(r.status, 201);
+        assert_eq!(ctype(&r), "text/html");
+        assert_eq!(r.body, "<b>created</b>");
+    }
+
+    #[test]
+    fn string_body_defaults_to_text() {
+        let r = exec(r#"{"statusCode": 200, "body": "hi"}"#);
+        assert_eq!(ctype(&r), TEXT);
+        assert_eq!(r.body, "hi");
+    }
+
+    #[test]
+    fn base64_body_defaults_to_octets() {
+        let r = exec(r#"{"statusCode": 200, "body": "/wD+", "isBase64Encoded": true}"#);
+        assert_eq!(ctype(&r), OCTETS);
+        assert_eq!(&r.body[..], &[0xff, 0x00, 0xfe]);
+        let bad = exec(r#"{"statusCode": 200, "body": "!!", "isBase64Encoded": true}"#);
+        assert_eq!(bad.status, 502);
+    }
+
+    #[test]
+    fn json_body_is_encoded() {
+        let r = exec(r#"{"statusCode": 200, "body": {"a": [1, true]}}"#);
+        assert_eq!(ctype(&r), JSON);
+        assert_eq!(r.body, r#"{"a":[1,true]}"#);
+        let r =
+            exec(r#"{"statusCode": 200, "headers": {"content-type": "application/x"}, "body": 5}"#);
+        assert_eq!(ctype(&r), "application/x");
+        assert_eq!(r.body, "5");
+    }
+
+    #[test]
+    fn header_arrays_numbers_and_bools() {
+        let r = exec(
+            r#"{"statusCode": 200, "headers": {"Set-Cookie": ["a=1", "b=2"], "X-N": 42, "X-B": true, "X-Null": null, "Content-Length": "99"}, "body": ""}"#,
+        );
+        let cookies: Vec<_> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n == "set-cookie")
+            .map(|(_, v)| v.to_str().unwrap())
+            .collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(r.header(&HeaderName::from_static("x-n")).unwrap(), "42");
+        assert_eq!(r.header(&HeaderName::from_static("x-b")).unwrap(), "true");
+        assert!(!r.has_header(&HeaderName::from_static("x-null")));
+        assert!(!r.has_header(&http::header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn status_code_range() {
+        assert_eq!(exec(r#"{"statusCode": 999}"#).status, 999);
+        assert_eq!(exec(r#"{"statusCode": 100.0}"#).status, 100);
+        for bad in ["99", "1000", "-1", "200.5", "1e20"] {
+            let r = exec(&format!(r#"{{"statusCode": {bad}, "body": "x"}}"#));
+            assert_eq!(r.status, 500, "{bad}");
+            assert_eq!(ctype(&r), JSON);
+        }
+    }
+
+    #[test]
+    fn missing_body_is_empty() {
+        let r = exec(r#"{"statusCode": 204}"#);
+        assert_eq!(r.status, 204);
+        assert!(r.body.is_empty());
+    }
+
+    #[test]
+    fn raw_outputs() {
+        let r = exec("hello\n");
+        assert_eq!((r.status, ctype(&r)), (StatusCode::OK, TEXT));
+        assert_eq!(r.body, "hello\n");
+        let r = exec("[1,2]\n");
+        assert_eq!(ctype(&r), JSON);
+        let r = exec(r#"{"statusCode": "200"}"#);
+        assert_eq!(ctype(&r), JSON, "a string statusCode is not an envelope");
+        assert_eq!(r.status, 200);
+        let r = exec("");
+        assert_eq!(ctype(&r), TEXT);
+        let r = from_exec_output(Bytes::from_static(&[0xff, 0xfe]));
+        assert_eq!(ctype(&r), TEXT);
+    }
+
+    #[test]
+    fn worker_values() {
+        let r = from_worker_value(serde_json::json!("text"), br#""text""#);
+        assert_eq!((ctype(&r), &r.body[..]), (TEXT, &b"text"[..]));
+        let r = from_worker_value(serde_json::json!([1]), b"[1]\n");
+        assert_eq!((ctype(&r), &r.body[..]), (JSON, &b"[1]"[..]));
+        let r = from_worker_value(serde_json::json!({"statusCode": 404, "body": "no"}), b"");
+        assert_eq!(r.status, 404);
+    }
+
+    #[test]
+    fn error_replies_are_json() {
+        let r = Reply::error(StatusCode::GATEWAY_TIMEOUT, "handler timed out after 1s");
+        assert_eq!(r.body, r#"{"error":"handler timed out after 1s"}"#);
+        assert_eq!(ctype(&r), JSON);
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn well_formed(r: &Reply) {
+            assert!((100..=999).contains(&r.status.as_u16()));
+            assert!(r.headers.iter().any(|(n, _)| n == CONTENT_TYPE) || r.body.is_empty());
+        }
+
+        proptest! {
+            #[test]
+            fn any_bytes_give_an_answer(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                well_formed(&from_exec_output(Bytes::from(bytes)));
+            }
+
+            #[test]
+            fn any_envelope_like_output_gives_an_answer(
+                status in any::<i64>(),
+                name in "[ -~\\n]{0,12}",
+                value in "[\\x00-\\x7f]{0,12}",
+                body in ".{0,32}",
+                b64 in any::<bool>(),
+            ) {
+                let out = serde_json::json!({
+                    "statusCode": status,
+                    "headers": {name: [value.clone(), 1, false]},
+                    "body": body,
+                    "isBase64Encoded": b64,
+                });
+                let r = from_exec_output(Bytes::from(out.to_string()));
+                well_formed(&r);
+                if !(100..=999).contains(&status) {
+                    prop_assert_eq!(r.status.as_u16(), 500);
+                }
+            }
+
+            #[test]
+            fn any_worker_line_gives_an_answer(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                    well_formed(&from_worker_value(v, &bytes));
+                }
+            }
+        }
+    }
+}
