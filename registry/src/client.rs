@@ -93,7 +93,7 @@ pub fn build_client(
 
 /// rustls needs one process-wide crypto provider; several features in the tree could each pick
 /// one, so install ring explicitly (a second install is a harmless no-op).
-fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();

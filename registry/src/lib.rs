@@ -4,12 +4,15 @@
 //! - [`config`]: the registry variables both binaries read (`RUNR_REGISTRY_*`), parsed from a
 //!   lookup so tests pass a map;
 //! - [`client`]: an [`oci_client::Client`] built for a scratch image (built-in roots, ring);
-//! - [`retry`]: which failures are worth another attempt and how long to wait before it.
+//! - [`retry`]: which failures are worth another attempt and how long to wait before it;
+//! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
+//!   the caller must see (readiness probes, `Retry-After`, Range probes).
 
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod config;
+pub mod http;
 pub mod retry;
 
 pub use client::{build_client, ClientError, Timeouts};
