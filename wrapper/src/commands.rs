@@ -25,6 +25,7 @@ pub enum ServeError {
 
 /// Runs the wrapper as configured until SIGTERM/SIGINT, then drains and stops the workers.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
+    crate::observe::install(&config.observe);
     reaper::adopt_orphans();
     // Before anything is spawned (persistent workers start right away).
     reaper::ensure_started().map_err(ServeError::Signals)?;
@@ -70,8 +71,9 @@ pub fn install(dest: &Path) -> Result<(), crate::install::InstallError> {
 /// `version`: the version line, then the environment variables and their defaults.
 pub fn version() -> String {
     format!(
-        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | version]\n\n{}",
+        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}{}",
         env!("CARGO_PKG_VERSION"),
-        Config::help()
+        Config::help(),
+        crate::observe::ObserveConfig::help()
     )
 }

@@ -101,6 +101,8 @@ pub struct Config {
     pub trigger: Trigger,
     /// `RUNR_LOG`.
     pub log_level: tracing::Level,
+    /// Tracing, replay capture and the observed proxy's upstream port.
+    pub observe: crate::observe::ObserveConfig,
 }
 
 /// One bad variable: its name, the value it had (`None` when unset) and what is wrong.
@@ -184,6 +186,7 @@ impl Config {
                 _ => Err("expected error, warn, info or debug".into()),
             }
         });
+        let observe = crate::observe::ObserveConfig::parse(&get, port, &mut errors);
 
         match (mode, command) {
             (Some(mode), Some(command)) if errors.is_empty() => Ok(Config {
@@ -195,6 +198,7 @@ impl Config {
                 timeout,
                 trigger,
                 log_level,
+                observe,
             }),
             _ => Err(ConfigErrors(errors)),
         }

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
             Some(dest) if args.len() == 2 => install(Path::new(dest)),
             _ => usage("install needs exactly one argument: the destination path"),
         },
+        Some("tick") if args.len() == 1 => tick(),
         Some("version" | "--version" | "-V" | "help" | "--help" | "-h") => {
             print!("{}", commands::version());
             ExitCode::SUCCESS
@@ -40,6 +41,10 @@ fn serve() -> ExitCode {
         }
     };
     logging::init(config.log_level);
+    // http mode without tracing/replay: become the program (returns only when that failed).
+    if let Some(code) = runr_wrapper::httpmode::exec_if_direct(&config) {
+        return code;
+    }
     // One thread: the wrapper's work per request is small, and a single thread keeps its
     // memory small and its spawning/reaping free of cross-thread races.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -52,6 +57,13 @@ fn serve() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The schedule one-shot (every mode) and the observed proxy (http mode) end with a status.
+    if config.trigger == runr_wrapper::config::Trigger::Schedule {
+        return ExitCode::from(runtime.block_on(runr_wrapper::schedule::run(config)));
+    }
+    if config.mode == runr_wrapper::config::Mode::Http {
+        return ExitCode::from(runtime.block_on(runr_wrapper::proxy::main(config)));
+    }
     match runtime.block_on(commands::serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,6 +71,12 @@ fn serve() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tick`: the same command as the `runr-tick` binary (its own variables: PORT, RUNR_TICK_URL).
+fn tick() -> ExitCode {
+    logging::init(tracing::Level::INFO);
+    runr_tick::command(|name| std::env::var(name).ok())
 }
 
 fn install(dest: &Path) -> ExitCode {

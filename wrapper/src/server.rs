@@ -126,15 +126,16 @@ fn observe(req: &Request, outcome: &Outcome, elapsed: Duration) {
         ms = elapsed.as_secs_f64() * 1000.0,
         "invocation"
     );
+    crate::observe::invocation(req, outcome, elapsed);
 }
 
-fn is_probe<B>(req: &hyper::Request<B>) -> bool {
+pub(crate) fn is_probe<B>(req: &hyper::Request<B>) -> bool {
     let h = req.headers();
     h.contains_key("k-network-probe") || h.contains_key("k-kubelet-probe")
 }
 
 /// 204 with the CORS headers the built-in runtimes send.
-fn preflight() -> Reply {
+pub(crate) fn preflight() -> Reply {
     Reply {
         status: StatusCode::NO_CONTENT,
         headers: vec![
@@ -190,7 +191,7 @@ async fn read_request(trigger: Trigger, req: hyper::Request<Incoming>) -> Result
 }
 
 /// Reply → hyper response, adding `Access-Control-Allow-Origin: *` unless the handler set it.
-fn into_response(reply: Reply) -> hyper::Response<Full<Bytes>> {
+pub(crate) fn into_response(reply: Reply) -> hyper::Response<Full<Bytes>> {
     let mut res = hyper::Response::new(Full::new(reply.body));
     *res.status_mut() = reply.status;
     let headers = res.headers_mut();

@@ -1,0 +1,561 @@
+//! What the wrapper observes about each invocation when tracing (`RUNR_TRACING=1`) or replay
+//! capture (`RUNR_REPLAY=1`) is on: the server span and access line ([`crate::trace`]), their
+//! OTLP export ([`crate::otlp`]) and the capture of failed invocations ([`crate::replay`]).
+//!
+//! One process-wide [`Observer`] (like OpenTelemetry's global tracer provider) so that every
+//! mode reaches it from the point where an invocation completes without threading it through
+//! each server's state.
+
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use runr_tick::Target;
+
+use crate::config::ConfigError;
+use crate::envelope::Request;
+use crate::invoke::{Ended, Outcome};
+use crate::otlp::{Attr, Exporter, OtlpConfig, SpanData};
+use crate::replay::{parse_size, Capture, Failure, ReplayConfig, ReplayWriter};
+use crate::trace::{self, Sampler, Span};
+
+/// `1`/`true`: a server span and access line per invocation; in http mode the observed proxy.
+pub const ENV_TRACING: &str = "RUNR_TRACING";
+/// `1`/`true`: failed invocations are written to [`ENV_REPLAY_FILE`]; in http mode the observed proxy.
+pub const ENV_REPLAY: &str = "RUNR_REPLAY";
+/// The capture file.
+pub const ENV_REPLAY_FILE: &str = "RUNR_REPLAY_FILE";
+const DEFAULT_REPLAY_FILE: &str = "/tmp/runr-replay.jsonl";
+/// Request body bytes kept per capture (`1048576`, `512KiB`, `1MiB`).
+pub const ENV_REPLAY_MAX_BODY: &str = "RUNR_REPLAY_MAX_BODY";
+const DEFAULT_REPLAY_MAX_BODY: u64 = 1 << 20;
+/// Size at which the capture file is rotated (one previous file, `<file>.1`, is kept).
+pub const ENV_REPLAY_MAX_BYTES: &str = "RUNR_REPLAY_MAX_BYTES";
+const DEFAULT_REPLAY_MAX_BYTES: u64 = 64 << 20;
+/// Port the program listens on behind the observed proxy (http mode).
+pub const ENV_UPSTREAM_PORT: &str = "RUNR_UPSTREAM_PORT";
+const DEFAULT_UPSTREAM_PORT: u16 = 8081;
+
+/// OTLP/HTTP base endpoint; spans go to `<endpoint>/v1/traces`.
+pub const ENV_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// OTLP/HTTP traces endpoint, used as it is; wins over [`ENV_OTLP_ENDPOINT`].
+pub const ENV_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// `http/json` or `http/protobuf` (both are sent as JSON, which OTLP/HTTP receivers accept);
+/// `grpc` is not supported.
+pub const ENV_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+/// Traces-specific [`ENV_OTLP_PROTOCOL`].
+pub const ENV_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+/// Extra export headers, `key=value,key2=value2`.
+pub const ENV_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+/// Traces-specific [`ENV_OTLP_HEADERS`].
+pub const ENV_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+/// Per-export time limit in milliseconds.
+pub const ENV_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+/// Traces-specific [`ENV_OTLP_TIMEOUT`].
+pub const ENV_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+const DEFAULT_OTLP_TIMEOUT_MS: u64 = 10_000;
+/// The `service.name` resource attribute.
+pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+/// Knative's service name, the fallback for [`ENV_SERVICE_NAME`].
+pub const ENV_K_SERVICE: &str = "K_SERVICE";
+const DEFAULT_SERVICE_NAME: &str = "unknown_service:runr-wrapper";
+/// The sampler (`parentbased_always_on` by default).
+pub const ENV_SAMPLER: &str = "OTEL_TRACES_SAMPLER";
+/// The sampler's ratio.
+pub const ENV_SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
+/// Longest wait (ms) of a span for its export batch.
+pub const ENV_BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
+const DEFAULT_BSP_SCHEDULE_DELAY_MS: u64 = 5000;
+/// Spans queued for export at most; more are dropped.
+pub const ENV_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+const DEFAULT_BSP_MAX_QUEUE_SIZE: u64 = 2048;
+/// Spans per export request at most.
+pub const ENV_BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
+const DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: u64 = 512;
+/// `true` turns the export off (OpenTelemetry's standard switch).
+pub const ENV_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+
+/// The observation part of the wrapper's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObserveConfig {
+    /// `RUNR_TRACING`.
+    pub tracing: bool,
+    /// The sampler, from `OTEL_TRACES_SAMPLER`/`_ARG`.
+    pub sampler: Sampler,
+    /// Span export, when an endpoint is set and tracing is on.
+    pub otlp: Option<OtlpConfig>,
+    /// Replay capture, when `RUNR_REPLAY` is on.
+    pub replay: Option<ReplayConfig>,
+    /// `RUNR_UPSTREAM_PORT`.
+    pub upstream_port: u16,
+}
+
+impl Default for ObserveConfig {
+    fn default() -> Self {
+        ObserveConfig {
+            tracing: false,
+            sampler: Sampler::ParentBased(trace::Root::AlwaysOn),
+            otlp: None,
+            replay: None,
+            upstream_port: DEFAULT_UPSTREAM_PORT,
+        }
+    }
+}
+
+impl ObserveConfig {
+    /// True when http mode must run the observed proxy instead of exec'ing the program.
+    pub fn observed(&self) -> bool {
+        self.tracing || self.replay.is_some()
+    }
+
+    /// Parses the observation variables through `get`, adding one error per bad variable to
+    /// `errors`. `port` is the wrapper's own port, which the upstream must not share.
+    pub fn parse(
+        get: &impl Fn(&str) -> Option<String>,
+        port: u16,
+        errors: &mut Vec<ConfigError>,
+    ) -> ObserveConfig {
+        let mut p = Parser { get, errors };
+        let tracing = p.flag(ENV_TRACING);
+        let replay_on = p.flag(ENV_REPLAY);
+        let upstream_port = p.parse(ENV_UPSTREAM_PORT, DEFAULT_UPSTREAM_PORT, runr_tick::config::parse_port);
+        if replay_on || tracing {
+            if upstream_port == port {
+                p.error(ENV_UPSTREAM_PORT, Some(upstream_port.to_string()), "must differ from PORT".into());
+            }
+        }
+        let sampler = {
+            let name = p.value(ENV_SAMPLER);
+            let arg = p.value(ENV_SAMPLER_ARG);
+            match Sampler::parse(name.as_deref(), arg.as_deref()) {
+                Ok(s) => s,
+                Err((var, reason)) => {
+                    let value = if var == ENV_SAMPLER { name } else { arg };
+                    p.error(var, value, reason);
+                    ObserveConfig::default().sampler
+                }
+            }
+        };
+        let replay = replay_on.then(|| ReplayConfig {
+            file: p.value(ENV_REPLAY_FILE).unwrap_or_else(|| DEFAULT_REPLAY_FILE.into()).into(),
+            max_body: p.parse(ENV_REPLAY_MAX_BODY, DEFAULT_REPLAY_MAX_BODY, parse_size) as usize,
+            max_bytes: p.parse(ENV_REPLAY_MAX_BYTES, DEFAULT_REPLAY_MAX_BYTES, |v| match parse_size(v) {
+                Ok(0) => Err("must be greater than zero".into()),
+                other => other,
+            }),
+        });
+        let otlp = p.otlp(tracing);
+        ObserveConfig {
+            tracing,
+            sampler,
+            otlp,
+            replay,
+            upstream_port,
+        }
+    }
+
+    /// The variables, for `runr-wrapper version`.
+    pub fn help() -> &'static str {
+        "\x20 RUNR_TRACING       1 | 0: server span + access line per invocation; http mode runs the observed proxy (default: 0)\n\
+         \x20 RUNR_REPLAY        1 | 0: capture failed invocations as JSON lines; http mode runs the observed proxy (default: 0)\n\
+         \x20 RUNR_REPLAY_FILE   capture file (default: /tmp/runr-replay.jsonl)\n\
+         \x20 RUNR_REPLAY_MAX_BODY   request body bytes kept per capture (default: 1MiB)\n\
+         \x20 RUNR_REPLAY_MAX_BYTES  rotate the capture file at this size, keeping <file>.1 (default: 64MiB)\n\
+         \x20 RUNR_UPSTREAM_PORT port of the program behind the observed proxy (default: 8081)\n\
+         \x20 OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  OTLP/HTTP collector (default: no export)\n\
+         \x20 OTEL_SERVICE_NAME  service.name of the spans (default: $K_SERVICE, else unknown_service:runr-wrapper)\n\
+         \x20 OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG  sampler and ratio (default: parentbased_always_on)\n"
+    }
+}
+
+struct Parser<'a, G: Fn(&str) -> Option<String>> {
+    get: &'a G,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
+    fn value(&self, name: &str) -> Option<String> {
+        (self.get)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    fn error(&mut self, name: &'static str, value: Option<String>, reason: String) {
+        self.errors.push(ConfigError { name, value, reason });
+    }
+
+    fn parse<T>(&mut self, name: &'static str, default: T, f: impl FnOnce(&str) -> Result<T, String>) -> T {
+        match self.value(name) {
+            None => default,
+            Some(v) => match f(&v) {
+                Ok(t) => t,
+                Err(reason) => {
+                    self.error(name, Some(v), reason);
+                    default
+                }
+            },
+        }
+    }
+
+    fn flag(&mut self, name: &'static str) -> bool {
+        self.parse(name, false, |v| match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err("expected 1 or 0".into()),
+        })
+    }
+
+    fn millis(&mut self, name: &'static str, default: u64) -> Duration {
+        Duration::from_millis(self.parse(name, default, |v| {
+            v.trim().parse::<u64>().map_err(|_| "expected milliseconds".to_string())
+        }))
+    }
+
+    fn count(&mut self, name: &'static str, default: u64) -> usize {
+        self.parse(name, default, |v| match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err("expected a positive whole number".into()),
+        }) as usize
+    }
+
+    /// The first of two variables that is set: the traces-specific one wins.
+    fn either(&self, specific: &'static str, general: &'static str) -> Option<(&'static str, String)> {
+        self.value(specific)
+            .map(|v| (specific, v))
+            .or_else(|| self.value(general).map(|v| (general, v)))
+    }
+
+    fn otlp(&mut self, tracing: bool) -> Option<OtlpConfig> {
+        let endpoint = match self.either(ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_ENDPOINT) {
+            None => return None,
+            Some((name, v)) => {
+                let url = if name == ENV_OTLP_ENDPOINT {
+                    format!("{}/v1/traces", v.trim().trim_end_matches('/'))
+                } else {
+                    v.trim().to_string()
+                };
+                match Target::parse_url(&url) {
+                    Ok(t) => Some(t),
+                    Err(reason) => {
+                        self.error(name, Some(v), format!("{reason} (the exporter speaks plain OTLP/HTTP to an in-cluster collector)"));
+                        None
+                    }
+                }
+            }
+        };
+        if let Some((name, v)) = self.either(ENV_OTLP_TRACES_PROTOCOL, ENV_OTLP_PROTOCOL) {
+            if !matches!(v.trim(), "http/json" | "http/protobuf") {
+                self.error(name, Some(v), "expected http/json or http/protobuf (grpc is not supported)".into());
+            }
+        }
+        let headers = match self.either(ENV_OTLP_TRACES_HEADERS, ENV_OTLP_HEADERS) {
+            None => Vec::new(),
+            Some((name, v)) => match parse_headers(&v) {
+                Ok(h) => h,
+                Err(reason) => {
+                    self.error(name, Some(v), reason);
+                    Vec::new()
+                }
+            },
+        };
+        let timeout = match self.value(ENV_OTLP_TRACES_TIMEOUT) {
+            Some(_) => self.millis(ENV_OTLP_TRACES_TIMEOUT, DEFAULT_OTLP_TIMEOUT_MS),
+            None => self.millis(ENV_OTLP_TIMEOUT, DEFAULT_OTLP_TIMEOUT_MS),
+        };
+        let schedule_delay = self.millis(ENV_BSP_SCHEDULE_DELAY, DEFAULT_BSP_SCHEDULE_DELAY_MS);
+        let max_queue = self.count(ENV_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE);
+        let max_batch = self.count(ENV_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE);
+        let disabled = self
+            .value(ENV_SDK_DISABLED)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let service_name = self
+            .value(ENV_SERVICE_NAME)
+            .or_else(|| self.value(ENV_K_SERVICE))
+            .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
+        Some(OtlpConfig {
+            endpoint: endpoint?,
+            headers,
+            service_name,
+            timeout,
+            schedule_delay,
+            max_queue,
+            max_batch: max_batch.min(max_queue),
+        })
+        .filter(|_| tracing && !disabled)
+    }
+}
+
+/// `key=value,key2=value2` (W3C baggage-like, as the OTLP exporter spec defines).
+fn parse_headers(v: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, val) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+        let (k, val) = (k.trim(), val.trim());
+        if http::HeaderName::from_bytes(k.as_bytes()).is_err() || http::HeaderValue::from_str(val).is_err() {
+            return Err(format!("{pair:?} is not a valid header"));
+        }
+        out.push((k.to_string(), val.to_string()));
+    }
+    Ok(out)
+}
+
+// === impl Observer ===
+
+/// The process-wide observer: present only when tracing or replay is on.
+pub struct Observer {
+    sampler: Option<Sampler>,
+    exporter: Option<Exporter>,
+    replay: Option<ReplayWriter>,
+}
+
+static OBSERVER: OnceLock<Observer> = OnceLock::new();
+
+/// Sets up the observer for `config` (inside the tokio runtime: the exporter is a task). A no-op
+/// when nothing is observed, or when it is set up already.
+pub fn install(config: &ObserveConfig) {
+    if !config.observed() || OBSERVER.get().is_some() {
+        return;
+    }
+    let exporter = config.otlp.clone().map(|otlp| {
+        tracing::info!(endpoint = %otlp.endpoint, service = %otlp.service_name, "exporting spans over OTLP/HTTP");
+        Exporter::start(otlp)
+    });
+    let replay = config.replay.as_ref().map(|r| {
+        tracing::info!(file = %r.file.display(), max_body = r.max_body, max_bytes = r.max_bytes, "capturing failed invocations");
+        ReplayWriter::start(r)
+    });
+    let _ = OBSERVER.set(Observer {
+        sampler: config.tracing.then_some(config.sampler),
+        exporter,
+        replay,
+    });
+}
+
+/// The observer, when tracing or replay is on.
+pub fn global() -> Option<&'static Observer> {
+    OBSERVER.get()
+}
+
+/// Exports the spans still queued, waiting at most `limit` (at shutdown).
+pub async fn flush(limit: Duration) {
+    if let Some(exporter) = global().and_then(|o| o.exporter.as_ref()) {
+        exporter.flush(limit).await;
+    }
+}
+
+/// One completed invocation, as the observer needs it.
+#[derive(Debug)]
+pub struct Finished<'a> {
+    /// The server span, when tracing is on.
+    pub span: Option<Span>,
+    /// `http`, `queue` or `schedule`.
+    pub trigger: &'a str,
+    /// Request method.
+    pub method: &'a str,
+    /// Path without the query.
+    pub path: &'a str,
+    /// Raw query string.
+    pub query: &'a str,
+    /// Request headers (what the client sent).
+    pub headers: &'a HeaderMap,
+    /// The request body as far as it is kept.
+    pub body: &'a [u8],
+    /// The request body's full size.
+    pub body_size: u64,
+    /// The status answered.
+    pub status: u16,
+    /// Time from the request's arrival to its end.
+    pub took: Duration,
+    /// Set when the invocation failed.
+    pub failure: Option<Failure>,
+    /// First request of the process.
+    pub cold_start: bool,
+}
+
+impl Observer {
+    /// Starts the server span of a request with `headers` when tracing is on.
+    pub fn start_span(&self, headers: &HeaderMap, start: SystemTime) -> Option<Span> {
+        self.sampler.as_ref().map(|s| Span::start(headers, s, start))
+    }
+
+    /// Request body bytes a capture keeps, when replay is on.
+    pub fn replay_max_body(&self) -> Option<usize> {
+        self.replay.as_ref().map(ReplayWriter::max_body)
+    }
+
+    /// Writes the access line, exports the span and captures a failure, as configured.
+    pub fn finish(&self, done: Finished<'_>) {
+        if let Some(span) = &done.span {
+            let line = trace::access_line(span, done.method, done.path, done.status, done.took, done.cold_start);
+            trace::write_access_line(&line);
+            if let (Some(exporter), true) = (&self.exporter, span.sampled) {
+                exporter.export(span_data(span, &done));
+            }
+        }
+        if let (Some(replay), Some(failure)) = (&self.replay, done.failure) {
+            replay.capture(&Capture {
+                time: done.span.as_ref().map_or_else(|| SystemTime::now() - done.took, |s| s.start),
+                trigger: done.trigger,
+                method: done.method,
+                path: done.path,
+                query: done.query,
+                headers: done.headers,
+                body: done.body,
+                body_size: done.body_size,
+                status: done.status,
+                duration: done.took,
+                trace_id: done.span.as_ref().map(Span::trace_id_hex),
+                failure,
+            });
+        }
+    }
+}
+
+fn span_data(span: &Span, done: &Finished<'_>) -> SpanData {
+    let mut attributes = vec![
+        ("http.request.method", Attr::Str(done.method.to_string())),
+        ("url.path", Attr::Str(done.path.to_string())),
+        ("http.response.status_code", Attr::Int(i64::from(done.status))),
+        ("faas.trigger", Attr::Str(faas_trigger(done.trigger).to_string())),
+        ("faas.coldstart", Attr::Bool(done.cold_start)),
+    ];
+    if let Some(ua) = done.headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()) {
+        attributes.push(("user_agent.original", Attr::Str(ua.to_string())));
+    }
+    if let Some(f) = done.failure {
+        attributes.push(("error.type", Attr::Str(f.as_str().to_string())));
+    }
+    SpanData {
+        span: span.clone(),
+        name: done.method.to_string(),
+        end: span.start + done.took,
+        attributes,
+        error: done.failure.is_some(),
+    }
+}
+
+/// The `faas.trigger` semantic-convention value of a RunR trigger.
+fn faas_trigger(trigger: &str) -> &'static str {
+    match trigger {
+        "queue" => "pubsub",
+        "schedule" => "timer",
+        _ => "http",
+    }
+}
+
+/// How an exec/persistent invocation failed, if it did.
+pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
+    match outcome.ended {
+        Ended::TimedOut => Some(Failure::Timeout),
+        Ended::ExitStatus(_) | Ended::FailedToStart | Ended::WorkerExited => Some(Failure::Crash),
+        Ended::Answered | Ended::OutputTooLarge | Ended::Unavailable => {
+            (outcome.reply.status.as_u16() >= 500).then_some(Failure::Status)
+        }
+    }
+}
+
+/// The hook of exec and persistent mode, called where an invocation completed: access line,
+/// span and replay capture, as configured.
+pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration) {
+    let Some(observer) = global() else {
+        return;
+    };
+    let start = SystemTime::now() - elapsed;
+    observer.finish(Finished {
+        span: observer.start_span(&req.headers, start),
+        trigger: req.trigger.as_str(),
+        method: &req.method,
+        path: &req.path,
+        query: &req.raw_query,
+        headers: &req.headers,
+        body: &req.body,
+        body_size: req.body.len() as u64,
+        status: outcome.reply.status.as_u16(),
+        took: elapsed,
+        failure: failure_of(outcome),
+        cold_start: trace::take_cold_start(),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> (ObserveConfig, Vec<ConfigError>) {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut errors = Vec::new();
+        let c = ObserveConfig::parse(&|n: &str| map.get(n).cloned(), 8080, &mut errors);
+        (c, errors)
+    }
+
+    #[test]
+    fn off_by_default() {
+        let (c, e) = parse(&[]);
+        assert!(e.is_empty());
+        assert!(!c.observed());
+        assert_eq!(c.upstream_port, 8081);
+        assert!(c.otlp.is_none() && c.replay.is_none());
+    }
+
+    #[test]
+    fn tracing_with_export() {
+        let (c, e) = parse(&[
+            (ENV_TRACING, "1"),
+            (ENV_OTLP_ENDPOINT, "http://collector:4318/"),
+            (ENV_SERVICE_NAME, "orders"),
+            (ENV_SAMPLER, "traceidratio"),
+            (ENV_SAMPLER_ARG, "0.5"),
+            (ENV_OTLP_HEADERS, "x-tenant=a, x-key=b"),
+        ]);
+        assert!(e.is_empty(), "{e:?}");
+        let otlp = c.otlp.unwrap();
+        assert_eq!(otlp.endpoint.to_string(), "http://collector:4318/v1/traces");
+        assert_eq!(otlp.service_name, "orders");
+        assert_eq!(otlp.headers.len(), 2);
+        assert_eq!(c.sampler, Sampler::TraceIdRatio(0.5));
+        let (c, _) = parse(&[(ENV_TRACING, "1"), (ENV_OTLP_TRACES_ENDPOINT, "http://c:4318/custom"), (ENV_OTLP_ENDPOINT, "http://x:1")]);
+        assert_eq!(c.otlp.unwrap().endpoint.to_string(), "http://c:4318/custom");
+        // No export without tracing, nor when the SDK is disabled.
+        assert!(parse(&[(ENV_OTLP_ENDPOINT, "http://c:4318")]).0.otlp.is_none());
+        assert!(parse(&[(ENV_TRACING, "1"), (ENV_OTLP_ENDPOINT, "http://c:4318"), (ENV_SDK_DISABLED, "true")]).0.otlp.is_none());
+    }
+
+    #[test]
+    fn replay_defaults_and_sizes() {
+        let (c, e) = parse(&[(ENV_REPLAY, "true"), (ENV_REPLAY_MAX_BODY, "4KiB")]);
+        assert!(e.is_empty());
+        let r = c.replay.unwrap();
+        assert_eq!(r.file.to_str(), Some("/tmp/runr-replay.jsonl"));
+        assert_eq!(r.max_body, 4096);
+        assert_eq!(r.max_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn every_bad_variable_is_named() {
+        let (_, e) = parse(&[
+            (ENV_TRACING, "maybe"),
+            (ENV_REPLAY, "1"),
+            (ENV_UPSTREAM_PORT, "8080"),
+            (ENV_REPLAY_MAX_BYTES, "0"),
+            (ENV_SAMPLER, "sometimes"),
+            (ENV_OTLP_ENDPOINT, "https://collector:4318"),
+            (ENV_OTLP_PROTOCOL, "grpc"),
+            (ENV_BSP_MAX_QUEUE_SIZE, "0"),
+        ]);
+        let names: Vec<_> = e.iter().map(|e| e.name).collect();
+        assert_eq!(
+            names,
+            [
+                ENV_TRACING,
+                ENV_UPSTREAM_PORT,
+                ENV_SAMPLER,
+                ENV_REPLAY_MAX_BYTES,
+                ENV_OTLP_ENDPOINT,
+                ENV_OTLP_PROTOCOL,
+                ENV_BSP_MAX_QUEUE_SIZE
+            ]
+        );
+        assert!(e[0].to_string().contains("RUNR_TRACING=\"maybe\""), "{}", e[0]);
+    }
+}

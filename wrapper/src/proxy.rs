@@ -1,0 +1,476 @@
+//! The observed proxy of http mode (tracing or replay on): the program listens on
+//! `RUNR_UPSTREAM_PORT`, the wrapper on `$PORT`, and every request and response streams through
+//! the wrapper, which adds the server span, the access line and the replay capture.
+//!
+//! Bodies are never held whole: frames go through as they come (a request of any size reaches
+//! the program while its first bytes are still arriving), only the first `RUNR_REPLAY_MAX_BODY`
+//! bytes of a request body are kept aside for a capture. Each client connection gets its own
+//! upstream connection, reused for the next request on it, so keep-alive holds end to end
+//! without a pool. Probes, CORS preflights and the SIGTERM drain are handled as in exec mode.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN};
+use http::{HeaderMap, Method, StatusCode};
+use hyper::body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use runr_tick::Target;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::{display_timeout, Config};
+use crate::observe::{self, Finished, Observer};
+use crate::replay::Failure;
+use crate::response::{self, Reply};
+use crate::trace::{self, Span};
+use crate::{httpmode, reaper, server, signal};
+
+/// How long requests wait for the program to listen after the wrapper started, before 503.
+pub const UPSTREAM_WAIT: Duration = Duration::from_secs(60);
+
+/// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
+/// the framing (`Content-Length` or chunked) of each side itself.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+];
+
+/// The body sent to the program: the client's, with a copy of its start kept for replay.
+type UpBody = TeeBody;
+/// The body sent to the client: a wrapper-made answer or the program's, observed to its end.
+type DownBody = Either<Full<Bytes>, ObservedBody>;
+
+/// What every request shares.
+struct Ctx {
+    observer: &'static Observer,
+    upstream: Target,
+    ready: watch::Receiver<bool>,
+    ready_deadline: Instant,
+    timeout: Duration,
+    trigger: &'static str,
+}
+
+/// Runs the observed proxy until SIGTERM (then drains, stops the program, flushes spans) or
+/// until the program exits; returns the exit status.
+pub async fn main(config: Config) -> u8 {
+    observe::install(&config.observe);
+    let Some(observer) = observe::global() else {
+        tracing::error!("the observed proxy needs RUNR_TRACING=1 or RUNR_REPLAY=1");
+        return 1;
+    };
+    reaper::adopt_orphans();
+    let shutdown = match reaper::ensure_started().and_then(|()| signal::shutdown()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install signal handlers");
+            return 1;
+        }
+    };
+    let listener = match TcpListener::bind(("0.0.0.0", config.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(port = config.port, error = %e, "cannot listen");
+            return 1;
+        }
+    };
+    let upstream_port = config.observe.upstream_port;
+    let mut program = match httpmode::spawn_server(&config.command, upstream_port, false) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(command = ?config.command, error = %e, "cannot start RUNR_COMMAND");
+            return httpmode::EXIT_CANNOT_EXEC;
+        }
+    };
+    let upstream = Target::local(upstream_port);
+    let (ready_tx, ready) = watch::channel(false);
+    tokio::spawn(watch_upstream(upstream.clone(), ready_tx));
+    tracing::info!(
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        upstream = %upstream,
+        command = ?config.command,
+        tracing = config.observe.tracing,
+        replay = config.observe.replay.is_some(),
+        "observed proxy listening"
+    );
+    let ctx = Arc::new(Ctx {
+        observer,
+        upstream,
+        ready,
+        ready_deadline: Instant::now() + UPSTREAM_WAIT,
+        timeout: config.timeout,
+        trigger: config.trigger.as_str(),
+    });
+    let code = tokio::select! {
+        () = serve(listener, ctx, shutdown) => {
+            let exit = httpmode::stop(&mut program).await;
+            tracing::info!(status = exit.code(), "program stopped");
+            0
+        }
+        exit = program.wait() => {
+            tracing::error!(command = ?config.command, status = exit.code(), "the program exited: stopping");
+            u8::try_from(exit.code()).ok().filter(|c| *c != 0).unwrap_or(1)
+        }
+    };
+    observe::flush(Duration::from_secs(2)).await;
+    code
+}
+
+/// Flips `ready` once the program accepts connections; warns once if that takes longer than
+/// [`UPSTREAM_WAIT`] and keeps waiting (requests answer 503 meanwhile).
+async fn watch_upstream(upstream: Target, ready: watch::Sender<bool>) {
+    let mut warned = false;
+    loop {
+        match runr_tick::wait_for_listener(&upstream, UPSTREAM_WAIT).await {
+            Ok(_probe) => {
+                let _ = ready.send(true);
+                return;
+            }
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!("the program does not listen: {e}; answering 503 until it does");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Accept loop with the same drain as exec mode: stop accepting on `shutdown`, give in-flight
+/// requests up to [`server::DRAIN_LIMIT`].
+async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let ctx = ctx.clone();
+                    // The client connection's own upstream connection (see the module docs).
+                    let upstream: Arc<Mutex<Option<SendRequest<UpBody>>>> = Arc::default();
+                    let service = service_fn(move |req| handle(ctx.clone(), upstream.clone(), req));
+                    let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(connections = graceful.count(), "shutting down: stopped accepting, draining in-flight requests");
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("drained"),
+        () = tokio::time::sleep(server::DRAIN_LIMIT) => {
+            tracing::warn!(limit_s = server::DRAIN_LIMIT.as_secs(), "drain did not finish in time");
+        }
+    }
+}
+
+async fn handle(
+    ctx: Arc<Ctx>,
+    upstream: Arc<Mutex<Option<SendRequest<UpBody>>>>,
+    req: hyper::Request<Incoming>,
+) -> Result<hyper::Response<DownBody>, Infallible> {
+    if server::is_probe(&req) {
+        // Ready only once the program listens, so Knative does not route to a pod that would
+        // make requests wait.
+        let reply = if *ctx.ready.borrow() {
+            Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
+        } else {
+            Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not listening yet")
+        };
+        return Ok(wrapper_response(reply));
+    }
+    if req.method() == Method::OPTIONS {
+        return Ok(wrapper_response(server::preflight()));
+    }
+    let started = Instant::now();
+    let cold_start = trace::take_cold_start();
+    let span = ctx.observer.start_span(req.headers(), SystemTime::now());
+    let (mut parts, body) = req.into_parts();
+    let capture_limit = ctx.observer.replay_max_body();
+    let mut done = Done {
+        ctx: ctx.clone(),
+        span,
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or("").to_string(),
+        // Only a capture needs the client's headers after they went upstream.
+        headers: capture_limit.map(|_| parts.headers.clone()).unwrap_or_default(),
+        kept: Arc::new(Mutex::new(Kept::default())),
+        started,
+        cold_start,
+        status: 0,
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(span) = &done.span {
+        if let Ok(v) = HeaderValue::from_str(&span.traceparent()) {
+            parts.headers.insert(trace::TRACEPARENT, v);
+        }
+    }
+    if let Some(pq) = parts.uri.path_and_query().cloned() {
+        // Origin form towards the program, whatever form the client used.
+        parts.uri = pq.into();
+    }
+    let body = TeeBody {
+        inner: body,
+        kept: capture_limit.map(|limit| (done.kept.clone(), limit)),
+    };
+    let request = hyper::Request::from_parts(parts, body);
+
+    if !*ctx.ready.borrow() {
+        let mut ready = ctx.ready.clone();
+        let waited = tokio::time::timeout_at(ctx.ready_deadline, ready.wait_for(|r| *r)).await;
+        if !matches!(waited, Ok(Ok(_))) {
+            let reply = Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not listening yet");
+            return Ok(done.finish_now(reply, Some(Failure::Status)));
+        }
+    }
+    let sender = match take_sender(&upstream) {
+        Some(s) => s,
+        None => match connect(&ctx.upstream).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(upstream = %ctx.upstream, error = %e, "cannot connect to the program");
+                let reply = Reply::error(StatusCode::BAD_GATEWAY, "the function is not accepting connections");
+                return Ok(done.finish_now(reply, Some(Failure::Crash)));
+            }
+        },
+    };
+    let mut sender = sender;
+    let sent = sender.send_request(request);
+    // Back for the next request on this client connection; usable once this response is read.
+    *upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+    match tokio::time::timeout(ctx.timeout, sent).await {
+        Ok(Ok(res)) => {
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
+                parts.headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+            }
+            done.status = parts.status.as_u16();
+            let body = ObservedBody {
+                inner: body,
+                done: Some(done),
+            };
+            Ok(hyper::Response::from_parts(parts, Either::Right(body)))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(upstream = %ctx.upstream, error = %e, "the program's connection failed");
+            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let reply = Reply::error(StatusCode::BAD_GATEWAY, "the function's connection failed");
+            Ok(done.finish_now(reply, Some(Failure::Crash)))
+        }
+        Err(_) => {
+            // Dropping the in-flight exchange closes that upstream connection.
+            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let message = format!("handler timed out after {}", display_timeout(ctx.timeout));
+            Ok(done.finish_now(Reply::error(StatusCode::GATEWAY_TIMEOUT, &message), Some(Failure::Timeout)))
+        }
+    }
+}
+
+/// The stored upstream connection if it can take a request right now.
+fn take_sender(slot: &Mutex<Option<SendRequest<UpBody>>>) -> Option<SendRequest<UpBody>> {
+    let sender = slot.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    // Not ready: closed by the program, or the previous response was abandoned mid-body.
+    sender.is_ready().then_some(sender)
+}
+
+async fn connect(upstream: &Target) -> Result<SendRequest<UpBody>, String> {
+    let stream = TcpStream::connect((upstream.host.as_str(), upstream.port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for name in HOP_BY_HOP.iter().copied().chain(named.iter().map(String::as_str)) {
+        headers.remove(name);
+    }
+}
+
+fn wrapper_response(reply: Reply) -> hyper::Response<DownBody> {
+    server::into_response(reply).map(Either::Left)
+}
+
+// === request bookkeeping ===
+
+/// The start of the request body, kept for a capture, and its total size.
+#[derive(Debug, Default)]
+struct Kept {
+    data: Vec<u8>,
+    size: u64,
+}
+
+/// Everything needed to observe a request once it ends.
+struct Done {
+    ctx: Arc<Ctx>,
+    span: Option<Span>,
+    method: String,
+    path: String,
+    query: String,
+    headers: HeaderMap,
+    kept: Arc<Mutex<Kept>>,
+    started: Instant,
+    cold_start: bool,
+    status: u16,
+}
+
+impl Done {
+    /// Observes the request as ended now, `failure` overriding the status-based one.
+    fn finish(self, failure: Option<Failure>) {
+        let failure = failure.or((self.status >= 500).then_some(Failure::Status));
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        self.ctx.observer.finish(Finished {
+            span: self.span.clone(),
+            trigger: self.ctx.trigger,
+            method: &self.method,
+            path: &self.path,
+            query: &self.query,
+            headers: &self.headers,
+            body: &kept.data,
+            body_size: kept.size,
+            status: self.status,
+            took: self.started.elapsed(),
+            failure,
+            cold_start: self.cold_start,
+        });
+    }
+
+    /// A wrapper-made answer: observed at once.
+    fn finish_now(mut self, reply: Reply, failure: Option<Failure>) -> hyper::Response<DownBody> {
+        self.status = reply.status.as_u16();
+        self.finish(failure);
+        wrapper_response(reply)
+    }
+}
+
+/// The client's request body on its way to the program, copying its first bytes aside when a
+/// capture may need them.
+pub struct TeeBody {
+    inner: Incoming,
+    kept: Option<(Arc<Mutex<Kept>>, usize)>,
+}
+
+impl Body for TeeBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some((kept, limit))) = (&polled, &this.kept) {
+            if let Some(data) = frame.data_ref() {
+                let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+                k.size += data.len() as u64;
+                let room = limit.saturating_sub(k.data.len());
+                k.data.extend_from_slice(&data[..room.min(data.len())]);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The program's response body on its way to the client; the request is observed when it ends,
+/// fails, or is abandoned by the client.
+pub struct ObservedBody {
+    inner: Incoming,
+    done: Option<Done>,
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => {
+                if let Some(done) = this.done.take() {
+                    done.finish(None);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                // The program broke off its answer: a crash, whatever status it had sent.
+                if let Some(done) = this.done.take() {
+                    done.finish(Some(Failure::Crash));
+                }
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for ObservedBody {
+    fn drop(&mut self) {
+        // The client went away (or hyper never polled an empty body to its end).
+        if let Some(done) = self.done.take() {
+            done.finish(None);
+        }
+    }
+}

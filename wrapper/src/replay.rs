@@ -1,0 +1,343 @@
+//! Replay capture: every failed invocation (status ≥ 500, a timeout, a handler crash) as one JSON
+//! object per line in `RUNR_REPLAY_FILE`, so it can be looked at and sent again.
+//!
+//! Lines are written by one thread fed through a bounded channel: a slow or full disk delays
+//! captures, never requests, and a capture that cannot be written is a (rate-limited) warning.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use http::HeaderMap;
+use serde_json::{json, Map, Value};
+
+use crate::otlp::WarnGate;
+
+/// Headers whose values never reach the capture file.
+pub const REDACTED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+/// What a redacted header's value becomes.
+pub const REDACTED: &str = "[redacted]";
+/// Captures waiting for the writer at most; more are dropped with a warning.
+const QUEUE: usize = 64;
+
+/// Where and how much to capture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayConfig {
+    /// `RUNR_REPLAY_FILE`.
+    pub file: PathBuf,
+    /// `RUNR_REPLAY_MAX_BODY`: request body bytes kept per capture.
+    pub max_body: usize,
+    /// `RUNR_REPLAY_MAX_BYTES`: the file is rotated (to `<file>.1`) before it grows past this.
+    pub max_bytes: u64,
+}
+
+/// Why an invocation counts as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// It was answered with a status of 500 or more.
+    Status,
+    /// It ran into the timeout.
+    Timeout,
+    /// The handler crashed: exited without an answer, failed to start, or the upstream
+    /// connection broke.
+    Crash,
+}
+
+impl Failure {
+    /// The name in the capture's `failure` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Status => "status",
+            Failure::Timeout => "timeout",
+            Failure::Crash => "crash",
+        }
+    }
+}
+
+/// One failed invocation, borrowed from wherever the request lives.
+#[derive(Debug)]
+pub struct Capture<'a> {
+    /// When the request arrived.
+    pub time: SystemTime,
+    /// `http`, `queue` or `schedule`.
+    pub trigger: &'a str,
+    /// Request method.
+    pub method: &'a str,
+    /// Path without the query.
+    pub path: &'a str,
+    /// Raw query string, without `?`.
+    pub query: &'a str,
+    /// Request headers (redacted on the way out).
+    pub headers: &'a HeaderMap,
+    /// The request body as far as it was kept.
+    pub body: &'a [u8],
+    /// How many body bytes the request had (or had sent, when it broke off).
+    pub body_size: u64,
+    /// The status answered.
+    pub status: u16,
+    /// How long it took.
+    pub duration: Duration,
+    /// The trace id, when tracing is on.
+    pub trace_id: Option<String>,
+    /// What went wrong.
+    pub failure: Failure,
+}
+
+impl Capture<'_> {
+    /// The capture as one JSON line (without the newline); the body is cut at `max_body`.
+    pub fn to_json(&self, max_body: usize) -> Vec<u8> {
+        let kept = &self.body[..self.body.len().min(max_body)];
+        let truncated = self.body_size > kept.len() as u64;
+        let (body, base64) = match std::str::from_utf8(kept) {
+            Ok(s) => (s.to_string(), false),
+            Err(_) => (base64::engine::general_purpose::STANDARD.encode(kept), true),
+        };
+        let mut doc = json!({
+            "time": runr_tick::event::rfc3339_millis(self.time),
+            "trigger": self.trigger,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "headers": redacted(self.headers),
+            "body": body,
+            "isBase64Encoded": base64,
+            "bodySize": self.body_size,
+            "bodyTruncated": truncated,
+            "status": self.status,
+            "durationMs": (self.duration.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
+            "failure": self.failure.as_str(),
+        });
+        if let Some(id) = &self.trace_id {
+            doc["traceId"] = Value::String(id.clone());
+        }
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+}
+
+/// Headers as an object of strings (repeated ones joined with `, `), secrets replaced.
+fn redacted(headers: &HeaderMap) -> Value {
+    let mut map = Map::new();
+    for name in headers.keys() {
+        let value = if REDACTED_HEADERS.contains(&name.as_str()) {
+            REDACTED.to_string()
+        } else {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        map.insert(name.as_str().to_string(), Value::String(value));
+    }
+    Value::Object(map)
+}
+
+/// Sends captures to the writer thread.
+#[derive(Debug, Clone)]
+pub struct ReplayWriter {
+    tx: SyncSender<Vec<u8>>,
+    max_body: usize,
+}
+
+static WRITE_FAILED: WarnGate = WarnGate::new();
+
+impl ReplayWriter {
+    /// Starts the writer thread for `config.file`.
+    pub fn start(config: &ReplayConfig) -> ReplayWriter {
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
+        let mut file = RotatingFile::new(config.file.clone(), config.max_bytes);
+        let spawned = std::thread::Builder::new()
+            .name("replay-writer".into())
+            .spawn(move || {
+                for line in rx {
+                    if let Err(e) = file.append(&line) {
+                        if let Some(n) = WRITE_FAILED.pass() {
+                            tracing::warn!(file = %file.path.display(), error = %e, suppressed_since_last_warning = n, "cannot write replay capture");
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the replay writer: captures are dropped");
+        }
+        ReplayWriter {
+            tx,
+            max_body: config.max_body,
+        }
+    }
+
+    /// Queues `capture` for writing; never blocks.
+    pub fn capture(&self, capture: &Capture<'_>) {
+        let mut line = capture.to_json(self.max_body);
+        line.push(b'\n');
+        match self.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                if let Some(n) = WRITE_FAILED.pass() {
+                    tracing::warn!(suppressed_since_last_warning = n, "replay writer busy or gone: capture dropped");
+                }
+            }
+        }
+    }
+
+    /// The body bytes worth keeping for a capture.
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+}
+
+/// An append-only file that moves to `<path>.1` (replacing the previous one) before it would grow
+/// past `max_bytes`.
+pub struct RotatingFile {
+    path: PathBuf,
+    max_bytes: u64,
+    file: Option<(File, u64)>,
+}
+
+impl RotatingFile {
+    /// Opens lazily, on the first append.
+    pub fn new(path: PathBuf, max_bytes: u64) -> RotatingFile {
+        RotatingFile {
+            path,
+            max_bytes,
+            file: None,
+        }
+    }
+
+    /// Appends one line (which already ends in `\n`), rotating first when it would not fit.
+    pub fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if self.file.is_none() {
+            let f = open_append(&self.path)?;
+            let size = f.metadata()?.len();
+            self.file = Some((f, size));
+        }
+        let size = self.file.as_ref().map_or(0, |(_, s)| *s);
+        if size > 0 && size + line.len() as u64 > self.max_bytes {
+            self.file = None;
+            std::fs::rename(&self.path, rotated(&self.path))?;
+            self.file = Some((open_append(&self.path)?, 0));
+        }
+        let Some((f, size)) = self.file.as_mut() else {
+            return Ok(());
+        };
+        match f.write_all(line) {
+            Ok(()) => {
+                *size += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Reopen next time: the file may have been removed or the disk freed.
+                self.file = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `<path>.1`, the one previous file kept.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".1");
+    PathBuf::from(p)
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// A byte size: a number of bytes, or with `KiB`, `MiB`, `GiB` (also `K`, `M`, `G`, `k`, `kb`...).
+pub fn parse_size(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "expected a size like 1048576, 512KiB or 64MiB".to_string())?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("unknown size unit {unit:?} (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(scale).ok_or_else(|| "size too large".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture<'a>(headers: &'a HeaderMap, body: &'a [u8], size: u64) -> Capture<'a> {
+        Capture {
+            time: SystemTime::UNIX_EPOCH,
+            trigger: "http",
+            method: "POST",
+            path: "/orders",
+            query: "id=1",
+            headers,
+            body,
+            body_size: size,
+            status: 500,
+            duration: Duration::from_micros(1500),
+            trace_id: Some("ab".repeat(16)),
+            failure: Failure::Status,
+        }
+    }
+
+    #[test]
+    fn secrets_are_redacted_and_bodies_truncated() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer secret".parse().unwrap());
+        h.insert("cookie", "sid=secret".parse().unwrap());
+        h.insert("proxy-authorization", "Basic secret".parse().unwrap());
+        h.append("x-tag", "a".parse().unwrap());
+        h.append("x-tag", "b".parse().unwrap());
+        let line = capture(&h, b"0123456789", 10).to_json(4);
+        let text = String::from_utf8(line.clone()).unwrap();
+        assert!(!text.contains("secret"), "{text}");
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["headers"]["authorization"], REDACTED);
+        assert_eq!(v["headers"]["x-tag"], "a, b");
+        assert_eq!(v["body"], "0123");
+        assert_eq!(v["bodyTruncated"], true);
+        assert_eq!(v["bodySize"], 10);
+        assert_eq!(v["durationMs"], 1.5);
+        assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(v["traceId"], "ab".repeat(16));
+        let whole: Value = serde_json::from_slice(&capture(&h, b"0123", 4).to_json(4)).unwrap();
+        assert_eq!(whole["bodyTruncated"], false);
+        let binary: Value = serde_json::from_slice(&capture(&h, &[0xff, 0xfe], 2).to_json(4)).unwrap();
+        assert_eq!(binary["isBase64Encoded"], true);
+        assert_eq!(binary["body"], "//4=");
+    }
+
+    #[test]
+    fn file_rotates_keeping_one_previous() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay.jsonl");
+        let mut f = RotatingFile::new(path.clone(), 10);
+        f.append(b"aaaa\n").unwrap();
+        f.append(b"bbbb\n").unwrap();
+        f.append(b"cccc\n").unwrap();
+        f.append(b"dddd\n").unwrap();
+        f.append(b"eeee\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "eeee\n");
+        assert_eq!(std::fs::read_to_string(rotated(&path)).unwrap(), "cccc\ndddd\n");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        for bad in ["", "MiB", "1.5MiB", "-1", "3TB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}

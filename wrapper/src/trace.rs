@@ -1,0 +1,326 @@
+//! W3C trace context and the wrapper's server span: continue the incoming `traceparent` (or
+//! start a trace), decide sampling the way `OTEL_TRACES_SAMPLER` asks, hand the upstream a
+//! `traceparent` whose parent is our span, and write the access line.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+
+/// The W3C header carrying the trace context.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// `OTEL_TRACES_SAMPLER`: which spans are recorded (exported, and `sampled=true` downstream).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampler {
+    /// Every span.
+    AlwaysOn,
+    /// No span.
+    AlwaysOff,
+    /// A fixed ratio of traces, decided on the trace id so every hop agrees.
+    TraceIdRatio(f64),
+    /// Follow the caller's decision; new traces use the inner sampler.
+    ParentBased(Root),
+}
+
+/// The sampler of a parent-based sampler for traces that start here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Root {
+    /// Sample every new trace.
+    AlwaysOn,
+    /// Sample no new trace.
+    AlwaysOff,
+    /// Sample this ratio of new traces.
+    Ratio(f64),
+}
+
+impl Sampler {
+    /// Parses `OTEL_TRACES_SAMPLER` with its `OTEL_TRACES_SAMPLER_ARG` (the ratio, default 1.0).
+    pub fn parse(name: Option<&str>, arg: Option<&str>) -> Result<Sampler, (&'static str, String)> {
+        let ratio = || -> Result<f64, (&'static str, String)> {
+            match arg {
+                None => Ok(1.0),
+                Some(a) => match a.trim().parse::<f64>() {
+                    Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                    _ => Err((
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        "expected a ratio between 0 and 1".to_string(),
+                    )),
+                },
+            }
+        };
+        Ok(match name.map(str::trim).unwrap_or("parentbased_always_on") {
+            "always_on" => Sampler::AlwaysOn,
+            "always_off" => Sampler::AlwaysOff,
+            "traceidratio" => Sampler::TraceIdRatio(ratio()?),
+            "parentbased_always_on" => Sampler::ParentBased(Root::AlwaysOn),
+            "parentbased_always_off" => Sampler::ParentBased(Root::AlwaysOff),
+            "parentbased_traceidratio" => Sampler::ParentBased(Root::Ratio(ratio()?)),
+            _ => {
+                return Err((
+                    "OTEL_TRACES_SAMPLER",
+                    "expected always_on, always_off, traceidratio, parentbased_always_on, \
+                     parentbased_always_off or parentbased_traceidratio"
+                        .to_string(),
+                ))
+            }
+        })
+    }
+
+    /// Whether a span of trace `trace_id` with caller `parent` is sampled.
+    pub fn sample(&self, trace_id: &[u8; 16], parent: Option<&Parent>) -> bool {
+        match *self {
+            Sampler::AlwaysOn => true,
+            Sampler::AlwaysOff => false,
+            Sampler::TraceIdRatio(r) => ratio_hit(trace_id, r),
+            Sampler::ParentBased(root) => match parent {
+                Some(p) => p.sampled,
+                None => match root {
+                    Root::AlwaysOn => true,
+                    Root::AlwaysOff => false,
+                    Root::Ratio(r) => ratio_hit(trace_id, r),
+                },
+            },
+        }
+    }
+}
+
+/// Deterministic in the trace id: its last 8 bytes (random in W3C version 00 ids) read as a
+/// number below `ratio` × 2⁶⁴.
+fn ratio_hit(trace_id: &[u8; 16], ratio: f64) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&trace_id[8..]);
+    (u64::from_be_bytes(low) as f64) < ratio * (u64::MAX as f64)
+}
+
+/// The caller's span, from a valid incoming `traceparent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    /// The trace we continue.
+    pub trace_id: [u8; 16],
+    /// The caller's span id: our span's parent.
+    pub span_id: [u8; 8],
+    /// The caller's sampled flag.
+    pub sampled: bool,
+}
+
+/// Parses a `traceparent` value (W3C Trace Context level 1); `None` when it is invalid, in which
+/// case a new trace starts, as the specification asks.
+pub fn parse_traceparent(value: &str) -> Option<Parent> {
+    let value = value.trim();
+    let mut parts = value.splitn(5, '-');
+    let version = parts.next()?;
+    let trace = parts.next()?;
+    let span = parts.next()?;
+    let flags = parts.next()?;
+    let rest = parts.next();
+    let version = u8::from_str_radix(version, 16).ok().filter(|_| version.len() == 2)?;
+    // ff is forbidden; version 00 has exactly four fields, later versions may append more.
+    if version == 0xff || (version == 0 && rest.is_some()) {
+        return None;
+    }
+    let trace_id: [u8; 16] = unhex(trace)?;
+    let span_id: [u8; 8] = unhex(span)?;
+    let [flags]: [u8; 1] = unhex(flags)?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(Parent {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+    })
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    // Upper-case hex is invalid in traceparent.
+    if s.len() != N * 2 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The wrapper's server span for one request.
+#[derive(Debug, Clone)]
+pub struct Span {
+    /// The trace (the caller's, or new).
+    pub trace_id: [u8; 16],
+    /// Our span id.
+    pub span_id: [u8; 8],
+    /// The caller's span id, when the trace was continued.
+    pub parent_span_id: Option<[u8; 8]>,
+    /// Recorded and exported.
+    pub sampled: bool,
+    /// When the request arrived.
+    pub start: SystemTime,
+}
+
+impl Span {
+    /// Starts the span of a request with `headers`: continues a valid `traceparent`, or starts a
+    /// new trace; the sampling decision is `sampler`'s.
+    pub fn start(headers: &HeaderMap, sampler: &Sampler, start: SystemTime) -> Span {
+        let parent = headers
+            .get(TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_traceparent);
+        let mut ids = [0u8; 24];
+        runr_tick::event::random_bytes(&mut ids);
+        let mut span_id = [0u8; 8];
+        span_id.copy_from_slice(&ids[16..]);
+        if span_id == [0; 8] {
+            span_id[7] = 1;
+        }
+        let trace_id = match &parent {
+            Some(p) => p.trace_id,
+            None => {
+                let mut t = [0u8; 16];
+                t.copy_from_slice(&ids[..16]);
+                t
+            }
+        };
+        Span {
+            trace_id,
+            span_id,
+            parent_span_id: parent.map(|p| p.span_id),
+            sampled: sampler.sample(&trace_id, parent.as_ref()),
+            start,
+        }
+    }
+
+    /// The `traceparent` for the next hop: same trace, our span as the parent.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{}",
+            runr_tick::event::hex(&self.trace_id),
+            runr_tick::event::hex(&self.span_id),
+            if self.sampled { "01" } else { "00" }
+        )
+    }
+
+    /// The trace id as 32 lower-case hex digits.
+    pub fn trace_id_hex(&self) -> String {
+        runr_tick::event::hex(&self.trace_id)
+    }
+}
+
+/// True for the first request this process serves, false for every later one.
+pub fn take_cold_start() -> bool {
+    static SERVED: AtomicBool = AtomicBool::new(false);
+    !SERVED.swap(true, Ordering::Relaxed)
+}
+
+/// The access line, exactly the spec's shape:
+/// `[runr-wrapper] trace_id=<32 hex> span_id=<16 hex> sampled=<bool> <METHOD> <path> <status> <ms>ms cold_start=<bool>`.
+pub fn access_line(span: &Span, method: &str, path: &str, status: u16, took: Duration, cold: bool) -> String {
+    format!(
+        "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
+        crate::logging::PREFIX,
+        runr_tick::event::hex(&span.trace_id),
+        runr_tick::event::hex(&span.span_id),
+        span.sampled,
+        method,
+        path,
+        status,
+        took.as_secs_f64() * 1000.0,
+        cold
+    )
+}
+
+/// Writes `line` to stderr in one write. Not through `tracing`: the line's shape is fixed by the
+/// spec and must not depend on the log formatter's level or field rendering.
+pub fn write_access_line(line: &str) {
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn traceparent_parses_and_rejects() {
+        let p = parse_traceparent(TP).unwrap();
+        assert_eq!(runr_tick::event::hex(&p.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(runr_tick::event::hex(&p.span_id), "00f067aa0ba902b7");
+        assert!(p.sampled);
+        assert!(!parse_traceparent(&TP.replace("-01", "-00")).unwrap().sampled);
+        // A later version may carry more fields.
+        assert!(parse_traceparent(&format!("01{}-extra", &TP[2..])).is_some());
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn span_continues_the_trace_with_a_new_span() {
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT, TP.parse().unwrap());
+        let s = Span::start(&h, &Sampler::ParentBased(Root::AlwaysOff), SystemTime::now());
+        assert_eq!(s.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(s.parent_span_id.map(|p| runr_tick::event::hex(&p)).as_deref(), Some("00f067aa0ba902b7"));
+        assert!(s.sampled, "parent-based follows the caller's flag");
+        let next = s.traceparent();
+        assert!(next.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(!next.contains("00f067aa0ba902b7"));
+        assert!(next.ends_with("-01"));
+
+        let fresh = Span::start(&HeaderMap::new(), &Sampler::ParentBased(Root::AlwaysOff), SystemTime::now());
+        assert!(fresh.parent_span_id.is_none());
+        assert!(!fresh.sampled);
+        assert_ne!(fresh.trace_id, s.trace_id);
+    }
+
+    #[test]
+    fn samplers() {
+        assert_eq!(Sampler::parse(None, None), Ok(Sampler::ParentBased(Root::AlwaysOn)));
+        assert_eq!(Sampler::parse(Some("traceidratio"), Some("0.25")), Ok(Sampler::TraceIdRatio(0.25)));
+        assert!(Sampler::parse(Some("traceidratio"), Some("2")).is_err());
+        assert!(Sampler::parse(Some("jaeger_remote"), None).is_err());
+        let never = Sampler::TraceIdRatio(0.0);
+        let always = Sampler::TraceIdRatio(1.0);
+        let half = Sampler::TraceIdRatio(0.5);
+        let low = [0u8; 16];
+        let mut high = [0xffu8; 16];
+        assert!(!never.sample(&high, None));
+        assert!(always.sample(&low, None));
+        assert!(half.sample(&low, None));
+        assert!(!half.sample(&high, None));
+        high[8] = 0x7f;
+        assert!(half.sample(&high, None));
+    }
+
+    #[test]
+    fn access_line_has_the_spec_shape() {
+        let s = Span {
+            trace_id: [0x4b; 16],
+            span_id: [0x0f; 8],
+            parent_span_id: None,
+            sampled: true,
+            start: SystemTime::now(),
+        };
+        let line = access_line(&s, "GET", "/orders", 500, Duration::from_micros(41_349), false);
+        assert_eq!(
+            line,
+            "[runr-wrapper] trace_id=4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b span_id=0f0f0f0f0f0f0f0f \
+             sampled=true GET /orders 500 41.3ms cold_start=false\n"
+        );
+    }
+}

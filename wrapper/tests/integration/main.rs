@@ -1,0 +1,8 @@
+//! runr-wrapper's integration tests: ONE test binary (one link step) that starts the real
+//! runr-wrapper on free loopback ports with real handlers (bash, python3, C). Add new modules
+//! here rather than new files at tests/ top level.
+
+mod exec;
+mod lifecycle;
+mod persistent;
+mod support;

@@ -1,0 +1,172 @@
+//! Persistent mode against real workers (python3 and C): the line protocol, queueing, slots,
+//! restarts with backoff, timeouts, limits.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use runr_testkit::wait_for;
+
+use crate::support::{alive, env, fixtures, load, Wrapper};
+
+fn python_worker(extra: &[(&str, &str)]) -> Wrapper {
+    let f = fixtures();
+    let mut vars = env("persistent", &["python3", "-u", &f.path("worker.py")]);
+    vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Wrapper::start(&vars)
+}
+
+#[test]
+fn json_lines_protocol_and_stray_lines_in_the_logs() {
+    let w = python_worker(&[]);
+    let r = w.post("/hello?x=1", b"payload");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let b = r.json();
+    assert_eq!(b["path"], "/hello");
+    assert_eq!(b["body"], "payload");
+    assert_eq!(b["worker"], "0");
+    // Everything about the request is in the envelope, not in per-invocation variables.
+    assert_eq!(b["exec_var"], serde_json::Value::Null);
+    let pid = b["pid"].as_i64().unwrap();
+    // The same process serves the next request.
+    assert_eq!(w.get("/again").json()["pid"].as_i64().unwrap(), pid);
+    // Non-JSON stdout lines went to the logs, unprefixed.
+    w.wait_log("\ndebug: got /hello\n");
+    assert!(w.log().contains("\nworker booting\n"), "{}", w.log());
+    // A JSON string is sent as text.
+    let r = w.get("/string");
+    assert_eq!(
+        (r.text().as_str(), r.header("content-type")),
+        ("plain string", Some("text/plain; charset=utf-8"))
+    );
+}
+
+#[test]
+fn compiled_echo_worker() {
+    let f = fixtures();
+    let w = Wrapper::start(&env("persistent", &[&f.path("echo_worker")]));
+    for i in 0..20 {
+        let body = format!("message {i} with \"quotes\" and \\ backslash");
+        let r = w.post("/", body.as_bytes());
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text(), body);
+    }
+}
+
+#[test]
+fn requests_queue_for_a_free_worker_and_every_slot_is_used() {
+    let w = python_worker(&[("RUNR_WORKERS", "3")]);
+    // Each request holds its worker for 0.3 s; 9 concurrent requests on 3 workers all finish.
+    let handles: Vec<_> = (0..9)
+        .map(|_| {
+            let addr = w.addr();
+            std::thread::spawn(move || {
+                crate::support::Conn::open(addr).send("GET", "/sleep?s=0.3", &[], b"")
+            })
+        })
+        .collect();
+    let mut slots = HashSet::new();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        slots.insert(r.json()["worker"].as_str().unwrap().to_string());
+    }
+    assert_eq!(slots, HashSet::from(["0".into(), "1".into(), "2".into()]));
+}
+
+#[test]
+fn an_exiting_worker_answers_502_and_is_restarted() {
+    let w = python_worker(&[]);
+    let pid = w.get("/").json()["pid"].as_i64().unwrap();
+    let r = w.get("/exit");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.error(), "handler process exited");
+    // It had served a request: restarted after 100 ms, so the next request just works.
+    let r = w.get("/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.json()["pid"].as_i64().unwrap(), pid);
+    assert!(!alive(pid as i32));
+}
+
+#[test]
+fn a_crash_looping_worker_backs_off_doubling() {
+    let f = fixtures();
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts");
+    let mut vars = env("persistent", &["bash", &f.path("crash.sh")]);
+    vars.push(("STARTS".into(), starts.display().to_string()));
+    let _w = Wrapper::start(&vars);
+    let times = wait_for("six worker starts", Duration::from_secs(15), || {
+        let text = std::fs::read_to_string(&starts).unwrap_or_default();
+        let times: Vec<f64> = text.lines().filter_map(|l| l.parse().ok()).collect();
+        (times.len() >= 6).then_some(times)
+    });
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // Expected 0.1, 0.2, 0.4, 0.8, 1.6 s plus start-up time: each clearly longer than the last
+    // but one, and the first ones short.
+    assert!(gaps[0] < 0.6, "{gaps:?}");
+    assert!(gaps[4] > 1.2, "{gaps:?}");
+    assert!(
+        gaps[2] > gaps[0] * 1.5 && gaps[4] > gaps[2] * 1.5,
+        "{gaps:?}"
+    );
+}
+
+#[test]
+fn timeout_kills_the_worker_group_and_restarts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("gc.pid");
+    let w = python_worker(&[("RUNR_TIMEOUT", "1")]);
+    let worker = w.get("/").json()["pid"].as_i64().unwrap() as i32;
+    let r = w.get(&format!("/gc?file={}", pidfile.display()));
+    assert_eq!(r.status, 504);
+    assert_eq!(r.error(), "handler timed out after 1s");
+    let grandchild: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_for(
+        "the worker and its child to be gone",
+        Duration::from_secs(5),
+        || (!alive(worker) && !alive(grandchild)).then_some(()),
+    );
+    let r = w.get("/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.json()["pid"].as_i64().unwrap() as i32, worker);
+}
+
+#[test]
+fn the_timeout_counts_the_wait_for_a_worker() {
+    let w = python_worker(&[("RUNR_TIMEOUT", "1")]);
+    assert_eq!(w.get("/").status, 200);
+    // One worker, two requests of 0.7 s: the second waits 0.7 s and would finish at 1.4 s.
+    let addr = w.addr();
+    let a = std::thread::spawn(move || {
+        crate::support::Conn::open(addr).send("GET", "/sleep?s=0.7", &[], b"")
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let b = w.get("/sleep?s=0.7");
+    let a = a.join().unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(b.status, 504, "{}", b.text());
+}
+
+#[test]
+fn a_response_line_over_10_mib_is_502() {
+    let w = python_worker(&[]);
+    let r = w.get("/huge");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.error(), "handler output exceeds 10 MiB");
+    // The worker was replaced; service goes on.
+    assert_eq!(w.get("/").status, 200);
+}
+
+#[test]
+fn many_requests_on_keep_alive_connections() {
+    let f = fixtures();
+    let mut vars = env("persistent", &[&f.path("echo_worker")]);
+    vars.push(("RUNR_WORKERS".into(), "4".into()));
+    let w = Wrapper::start(&vars);
+    let counts = load(w.addr(), 8, 250, "/");
+    assert_eq!(counts.get(&200), Some(&2000), "{counts:?}");
+}
