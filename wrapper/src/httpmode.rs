@@ -67,7 +67,11 @@ pub async fn stop(proc: &mut Process) -> Exit {
     match tokio::time::timeout(STOP_GRACE, proc.wait()).await {
         Ok(exit) => exit,
         Err(_) => {
-            tracing::warn!(pid = proc.id(), grace_s = STOP_GRACE.as_secs(), "server ignored SIGTERM: killing it");
+            tracing::warn!(
+                pid = proc.id(),
+                grace_s = STOP_GRACE.as_secs(),
+                "server ignored SIGTERM: killing it"
+            );
             proc.signal_group(Signal::SIGKILL);
             proc.wait().await
         }

@@ -88,6 +88,9 @@ pub struct ObserveConfig {
     pub replay: Option<ReplayConfig>,
     /// `RUNR_UPSTREAM_PORT`.
     pub upstream_port: u16,
+    /// `RUNR_TICK_WAIT`: how long http mode waits for the program to listen (the invoke
+    /// sequence, and the observed proxy before it answers 503).
+    pub listen_wait: Duration,
 }
 
 impl Default for ObserveConfig {
@@ -98,6 +101,7 @@ impl Default for ObserveConfig {
             otlp: None,
             replay: None,
             upstream_port: DEFAULT_UPSTREAM_PORT,
+            listen_wait: runr_tick::config::DEFAULT_TICK_WAIT,
         }
     }
 }
@@ -118,11 +122,17 @@ impl ObserveConfig {
         let mut p = Parser { get, errors };
         let tracing = p.flag(ENV_TRACING);
         let replay_on = p.flag(ENV_REPLAY);
-        let upstream_port = p.parse(ENV_UPSTREAM_PORT, DEFAULT_UPSTREAM_PORT, runr_tick::config::parse_port);
-        if replay_on || tracing {
-            if upstream_port == port {
-                p.error(ENV_UPSTREAM_PORT, Some(upstream_port.to_string()), "must differ from PORT".into());
-            }
+        let upstream_port = p.parse(
+            ENV_UPSTREAM_PORT,
+            DEFAULT_UPSTREAM_PORT,
+            runr_tick::config::parse_port,
+        );
+        if (replay_on || tracing) && upstream_port == port {
+            p.error(
+                ENV_UPSTREAM_PORT,
+                Some(upstream_port.to_string()),
+                "must differ from PORT".into(),
+            );
         }
         let sampler = {
             let name = p.value(ENV_SAMPLER);
@@ -137,20 +147,33 @@ impl ObserveConfig {
             }
         };
         let replay = replay_on.then(|| ReplayConfig {
-            file: p.value(ENV_REPLAY_FILE).unwrap_or_else(|| DEFAULT_REPLAY_FILE.into()).into(),
+            file: p
+                .value(ENV_REPLAY_FILE)
+                .unwrap_or_else(|| DEFAULT_REPLAY_FILE.into())
+                .into(),
             max_body: p.parse(ENV_REPLAY_MAX_BODY, DEFAULT_REPLAY_MAX_BODY, parse_size) as usize,
-            max_bytes: p.parse(ENV_REPLAY_MAX_BYTES, DEFAULT_REPLAY_MAX_BYTES, |v| match parse_size(v) {
-                Ok(0) => Err("must be greater than zero".into()),
-                other => other,
-            }),
+            max_bytes: p.parse(
+                ENV_REPLAY_MAX_BYTES,
+                DEFAULT_REPLAY_MAX_BYTES,
+                |v| match parse_size(v) {
+                    Ok(0) => Err("must be greater than zero".into()),
+                    other => other,
+                },
+            ),
         });
         let otlp = p.otlp(tracing);
+        let listen_wait = p.parse(
+            runr_tick::config::ENV_TICK_WAIT,
+            runr_tick::config::DEFAULT_TICK_WAIT,
+            runr_tick::parse_duration,
+        );
         ObserveConfig {
             tracing,
             sampler,
             otlp,
             replay,
             upstream_port,
+            listen_wait,
         }
     }
 
@@ -162,6 +185,7 @@ impl ObserveConfig {
          \x20 RUNR_REPLAY_MAX_BODY   request body bytes kept per capture (default: 1MiB)\n\
          \x20 RUNR_REPLAY_MAX_BYTES  rotate the capture file at this size, keeping <file>.1 (default: 64MiB)\n\
          \x20 RUNR_UPSTREAM_PORT port of the program behind the observed proxy (default: 8081)\n\
+         \x20 RUNR_TICK_WAIT     http mode: how long to wait for the program to listen (default: 60s)\n\
          \x20 OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  OTLP/HTTP collector (default: no export)\n\
          \x20 OTEL_SERVICE_NAME  service.name of the spans (default: $K_SERVICE, else unknown_service:runr-wrapper)\n\
          \x20 OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG  sampler and ratio (default: parentbased_always_on)\n"
@@ -179,10 +203,19 @@ impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
     }
 
     fn error(&mut self, name: &'static str, value: Option<String>, reason: String) {
-        self.errors.push(ConfigError { name, value, reason });
+        self.errors.push(ConfigError {
+            name,
+            value,
+            reason,
+        });
     }
 
-    fn parse<T>(&mut self, name: &'static str, default: T, f: impl FnOnce(&str) -> Result<T, String>) -> T {
+    fn parse<T>(
+        &mut self,
+        name: &'static str,
+        default: T,
+        f: impl FnOnce(&str) -> Result<T, String>,
+    ) -> T {
         match self.value(name) {
             None => default,
             Some(v) => match f(&v) {
@@ -196,16 +229,20 @@ impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
     }
 
     fn flag(&mut self, name: &'static str) -> bool {
-        self.parse(name, false, |v| match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" => Ok(false),
-            _ => Err("expected 1 or 0".into()),
+        self.parse(name, false, |v| {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err("expected 1 or 0".into()),
+            }
         })
     }
 
     fn millis(&mut self, name: &'static str, default: u64) -> Duration {
         Duration::from_millis(self.parse(name, default, |v| {
-            v.trim().parse::<u64>().map_err(|_| "expected milliseconds".to_string())
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| "expected milliseconds".to_string())
         }))
     }
 
@@ -217,7 +254,11 @@ impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
     }
 
     /// The first of two variables that is set: the traces-specific one wins.
-    fn either(&self, specific: &'static str, general: &'static str) -> Option<(&'static str, String)> {
+    fn either(
+        &self,
+        specific: &'static str,
+        general: &'static str,
+    ) -> Option<(&'static str, String)> {
         self.value(specific)
             .map(|v| (specific, v))
             .or_else(|| self.value(general).map(|v| (general, v)))
@@ -243,7 +284,11 @@ impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
         };
         if let Some((name, v)) = self.either(ENV_OTLP_TRACES_PROTOCOL, ENV_OTLP_PROTOCOL) {
             if !matches!(v.trim(), "http/json" | "http/protobuf") {
-                self.error(name, Some(v), "expected http/json or http/protobuf (grpc is not supported)".into());
+                self.error(
+                    name,
+                    Some(v),
+                    "expected http/json or http/protobuf (grpc is not supported)".into(),
+                );
             }
         }
         let headers = match self.either(ENV_OTLP_TRACES_HEADERS, ENV_OTLP_HEADERS) {
@@ -262,7 +307,10 @@ impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
         };
         let schedule_delay = self.millis(ENV_BSP_SCHEDULE_DELAY, DEFAULT_BSP_SCHEDULE_DELAY_MS);
         let max_queue = self.count(ENV_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE);
-        let max_batch = self.count(ENV_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE);
+        let max_batch = self.count(
+            ENV_BSP_MAX_EXPORT_BATCH_SIZE,
+            DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE,
+        );
         let disabled = self
             .value(ENV_SDK_DISABLED)
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
@@ -291,7 +339,9 @@ fn parse_headers(v: &str) -> Result<Vec<(String, String)>, String> {
             .split_once('=')
             .ok_or_else(|| format!("{pair:?} is not key=value"))?;
         let (k, val) = (k.trim(), val.trim());
-        if http::HeaderName::from_bytes(k.as_bytes()).is_err() || http::HeaderValue::from_str(val).is_err() {
+        if http::HeaderName::from_bytes(k.as_bytes()).is_err()
+            || http::HeaderValue::from_str(val).is_err()
+        {
             return Err(format!("{pair:?} is not a valid header"));
         }
         out.push((k.to_string(), val.to_string()));
@@ -375,7 +425,9 @@ pub struct Finished<'a> {
 impl Observer {
     /// Starts the server span of a request with `headers` when tracing is on.
     pub fn start_span(&self, headers: &HeaderMap, start: SystemTime) -> Option<Span> {
-        self.sampler.as_ref().map(|s| Span::start(headers, s, start))
+        self.sampler
+            .as_ref()
+            .map(|s| Span::start(headers, s, start))
     }
 
     /// Request body bytes a capture keeps, when replay is on.
@@ -386,7 +438,14 @@ impl Observer {
     /// Writes the access line, exports the span and captures a failure, as configured.
     pub fn finish(&self, done: Finished<'_>) {
         if let Some(span) = &done.span {
-            let line = trace::access_line(span, done.method, done.path, done.status, done.took, done.cold_start);
+            let line = trace::access_line(
+                span,
+                done.method,
+                done.path,
+                done.status,
+                done.took,
+                done.cold_start,
+            );
             trace::write_access_line(&line);
             if let (Some(exporter), true) = (&self.exporter, span.sampled) {
                 exporter.export(span_data(span, &done));
@@ -394,7 +453,10 @@ impl Observer {
         }
         if let (Some(replay), Some(failure)) = (&self.replay, done.failure) {
             replay.capture(&Capture {
-                time: done.span.as_ref().map_or_else(|| SystemTime::now() - done.took, |s| s.start),
+                time: done
+                    .span
+                    .as_ref()
+                    .map_or_else(|| SystemTime::now() - done.took, |s| s.start),
                 trigger: done.trigger,
                 method: done.method,
                 path: done.path,
@@ -415,11 +477,21 @@ fn span_data(span: &Span, done: &Finished<'_>) -> SpanData {
     let mut attributes = vec![
         ("http.request.method", Attr::Str(done.method.to_string())),
         ("url.path", Attr::Str(done.path.to_string())),
-        ("http.response.status_code", Attr::Int(i64::from(done.status))),
-        ("faas.trigger", Attr::Str(faas_trigger(done.trigger).to_string())),
+        (
+            "http.response.status_code",
+            Attr::Int(i64::from(done.status)),
+        ),
+        (
+            "faas.trigger",
+            Attr::Str(faas_trigger(done.trigger).to_string()),
+        ),
         ("faas.coldstart", Attr::Bool(done.cold_start)),
     ];
-    if let Some(ua) = done.headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()) {
+    if let Some(ua) = done
+        .headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
         attributes.push(("user_agent.original", Attr::Str(ua.to_string())));
     }
     if let Some(f) = done.failure {
@@ -483,7 +555,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(vars: &[(&str, &str)]) -> (ObserveConfig, Vec<ConfigError>) {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let mut errors = Vec::new();
         let c = ObserveConfig::parse(&|n: &str| map.get(n).cloned(), 8080, &mut errors);
         (c, errors)
@@ -514,11 +589,25 @@ mod tests {
         assert_eq!(otlp.service_name, "orders");
         assert_eq!(otlp.headers.len(), 2);
         assert_eq!(c.sampler, Sampler::TraceIdRatio(0.5));
-        let (c, _) = parse(&[(ENV_TRACING, "1"), (ENV_OTLP_TRACES_ENDPOINT, "http://c:4318/custom"), (ENV_OTLP_ENDPOINT, "http://x:1")]);
+        let (c, _) = parse(&[
+            (ENV_TRACING, "1"),
+            (ENV_OTLP_TRACES_ENDPOINT, "http://c:4318/custom"),
+            (ENV_OTLP_ENDPOINT, "http://x:1"),
+        ]);
         assert_eq!(c.otlp.unwrap().endpoint.to_string(), "http://c:4318/custom");
         // No export without tracing, nor when the SDK is disabled.
-        assert!(parse(&[(ENV_OTLP_ENDPOINT, "http://c:4318")]).0.otlp.is_none());
-        assert!(parse(&[(ENV_TRACING, "1"), (ENV_OTLP_ENDPOINT, "http://c:4318"), (ENV_SDK_DISABLED, "true")]).0.otlp.is_none());
+        assert!(parse(&[(ENV_OTLP_ENDPOINT, "http://c:4318")])
+            .0
+            .otlp
+            .is_none());
+        assert!(parse(&[
+            (ENV_TRACING, "1"),
+            (ENV_OTLP_ENDPOINT, "http://c:4318"),
+            (ENV_SDK_DISABLED, "true")
+        ])
+        .0
+        .otlp
+        .is_none());
     }
 
     #[test]
@@ -556,6 +645,10 @@ mod tests {
                 ENV_BSP_MAX_QUEUE_SIZE
             ]
         );
-        assert!(e[0].to_string().contains("RUNR_TRACING=\"maybe\""), "{}", e[0]);
+        assert!(
+            e[0].to_string().contains("RUNR_TRACING=\"maybe\""),
+            "{}",
+            e[0]
+        );
     }
 }

@@ -95,7 +95,11 @@ impl Exporter {
     /// our memory or slow requests).
     pub fn export(&self, span: SpanData) {
         if self.tx.try_send(Msg::Span(Box::new(span))).is_err() {
-            warn_limited(&DROPPED, "span queue full: dropping spans (is the collector down?)", None);
+            warn_limited(
+                &DROPPED,
+                "span queue full: dropping spans (is the collector down?)",
+                None,
+            );
         }
     }
 
@@ -150,9 +154,24 @@ async fn send_batch(config: &OtlpConfig, batch: &mut Vec<SpanData>) {
     batch.clear();
     match tokio::time::timeout(config.timeout, post(config, body)).await {
         Ok(Ok(status)) if (200..300).contains(&status) => {}
-        Ok(Ok(status)) => warn_limited(&FAILED, "the collector refused spans", Some(format!("status {status}, {count} spans lost"))),
-        Ok(Err(e)) => warn_limited(&FAILED, "cannot export spans", Some(format!("{e}, {count} spans lost"))),
-        Err(_) => warn_limited(&FAILED, "cannot export spans", Some(format!("timed out after {:?}, {count} spans lost", config.timeout))),
+        Ok(Ok(status)) => warn_limited(
+            &FAILED,
+            "the collector refused spans",
+            Some(format!("status {status}, {count} spans lost")),
+        ),
+        Ok(Err(e)) => warn_limited(
+            &FAILED,
+            "cannot export spans",
+            Some(format!("{e}, {count} spans lost")),
+        ),
+        Err(_) => warn_limited(
+            &FAILED,
+            "cannot export spans",
+            Some(format!(
+                "timed out after {:?}, {count} spans lost",
+                config.timeout
+            )),
+        ),
     }
 }
 
@@ -175,7 +194,10 @@ async fn post(config: &OtlpConfig, body: Vec<u8>) -> Result<u16, String> {
         .await
         .map_err(|e| format!("{target}: {e}"))?;
     let conn = tokio::spawn(conn);
-    let res = sender.send_request(req).await.map_err(|e| format!("{target}: {e}"));
+    let res = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("{target}: {e}"));
     let status = match res {
         Ok(res) => {
             let status = res.status().as_u16();
@@ -317,7 +339,10 @@ mod tests {
         };
         let v: Value = serde_json::from_slice(&encode("orders", &[data])).unwrap();
         let rs = &v["resourceSpans"][0];
-        assert_eq!(rs["resource"]["attributes"][0]["value"]["stringValue"], "orders");
+        assert_eq!(
+            rs["resource"]["attributes"][0]["value"]["stringValue"],
+            "orders"
+        );
         let s = &rs["scopeSpans"][0]["spans"][0];
         assert_eq!(s["traceId"], "4b".repeat(16));
         assert_eq!(s["parentSpanId"], "02".repeat(8));

@@ -17,9 +17,9 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN};
 use http::{HeaderMap, Method, StatusCode};
-use hyper::body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -36,9 +36,6 @@ use crate::replay::Failure;
 use crate::response::{self, Reply};
 use crate::trace::{self, Span};
 use crate::{httpmode, reaper, server, signal};
-
-/// How long requests wait for the program to listen after the wrapper started, before 503.
-pub const UPSTREAM_WAIT: Duration = Duration::from_secs(60);
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
@@ -101,7 +98,11 @@ pub async fn main(config: Config) -> u8 {
     };
     let upstream = Target::local(upstream_port);
     let (ready_tx, ready) = watch::channel(false);
-    tokio::spawn(watch_upstream(upstream.clone(), ready_tx));
+    tokio::spawn(watch_upstream(
+        upstream.clone(),
+        config.observe.listen_wait,
+        ready_tx,
+    ));
     tracing::info!(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         upstream = %upstream,
@@ -114,7 +115,7 @@ pub async fn main(config: Config) -> u8 {
         observer,
         upstream,
         ready,
-        ready_deadline: Instant::now() + UPSTREAM_WAIT,
+        ready_deadline: Instant::now() + config.observe.listen_wait,
         timeout: config.timeout,
         trigger: config.trigger.as_str(),
     });
@@ -134,11 +135,11 @@ pub async fn main(config: Config) -> u8 {
 }
 
 /// Flips `ready` once the program accepts connections; warns once if that takes longer than
-/// [`UPSTREAM_WAIT`] and keeps waiting (requests answer 503 meanwhile).
-async fn watch_upstream(upstream: Target, ready: watch::Sender<bool>) {
+/// `wait` and keeps waiting (requests answer 503 meanwhile).
+async fn watch_upstream(upstream: Target, wait: Duration, ready: watch::Sender<bool>) {
     let mut warned = false;
     loop {
-        match runr_tick::wait_for_listener(&upstream, UPSTREAM_WAIT).await {
+        match runr_tick::wait_for_listener(&upstream, wait).await {
             Ok(_probe) => {
                 let _ = ready.send(true);
                 return;
@@ -154,7 +155,11 @@ async fn watch_upstream(upstream: Target, ready: watch::Sender<bool>) {
 
 /// Accept loop with the same drain as exec mode: stop accepting on `shutdown`, give in-flight
 /// requests up to [`server::DRAIN_LIMIT`].
-async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
+async fn serve(
+    listener: TcpListener,
+    ctx: Arc<Ctx>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new());
@@ -184,7 +189,10 @@ async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl std::future:
         }
     }
     drop(listener);
-    tracing::info!(connections = graceful.count(), "shutting down: stopped accepting, draining in-flight requests");
+    tracing::info!(
+        connections = graceful.count(),
+        "shutting down: stopped accepting, draining in-flight requests"
+    );
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("drained"),
         () = tokio::time::sleep(server::DRAIN_LIMIT) => {
@@ -204,7 +212,10 @@ async fn handle(
         let reply = if *ctx.ready.borrow() {
             Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
         } else {
-            Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not listening yet")
+            Reply::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the function is not listening yet",
+            )
         };
         return Ok(wrapper_response(reply));
     }
@@ -223,7 +234,9 @@ async fn handle(
         path: parts.uri.path().to_string(),
         query: parts.uri.query().unwrap_or("").to_string(),
         // Only a capture needs the client's headers after they went upstream.
-        headers: capture_limit.map(|_| parts.headers.clone()).unwrap_or_default(),
+        headers: capture_limit
+            .map(|_| parts.headers.clone())
+            .unwrap_or_default(),
         kept: Arc::new(Mutex::new(Kept::default())),
         started,
         cold_start,
@@ -249,7 +262,10 @@ async fn handle(
         let mut ready = ctx.ready.clone();
         let waited = tokio::time::timeout_at(ctx.ready_deadline, ready.wait_for(|r| *r)).await;
         if !matches!(waited, Ok(Ok(_))) {
-            let reply = Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not listening yet");
+            let reply = Reply::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the function is not listening yet",
+            );
             return Ok(done.finish_now(reply, Some(Failure::Status)));
         }
     }
@@ -259,7 +275,10 @@ async fn handle(
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(upstream = %ctx.upstream, error = %e, "cannot connect to the program");
-                let reply = Reply::error(StatusCode::BAD_GATEWAY, "the function is not accepting connections");
+                let reply = Reply::error(
+                    StatusCode::BAD_GATEWAY,
+                    "the function is not accepting connections",
+                );
                 return Ok(done.finish_now(reply, Some(Failure::Crash)));
             }
         },
@@ -273,7 +292,9 @@ async fn handle(
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
-                parts.headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+                parts
+                    .headers
+                    .insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
             }
             done.status = parts.status.as_u16();
             let body = ObservedBody {
@@ -292,7 +313,10 @@ async fn handle(
             // Dropping the in-flight exchange closes that upstream connection.
             upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
             let message = format!("handler timed out after {}", display_timeout(ctx.timeout));
-            Ok(done.finish_now(Reply::error(StatusCode::GATEWAY_TIMEOUT, &message), Some(Failure::Timeout)))
+            Ok(done.finish_now(
+                Reply::error(StatusCode::GATEWAY_TIMEOUT, &message),
+                Some(Failure::Timeout),
+            ))
         }
     }
 }
@@ -331,7 +355,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .map(|n| n.trim().to_ascii_lowercase())
         .filter(|n| !n.is_empty())
         .collect();
-    for name in HOP_BY_HOP.iter().copied().chain(named.iter().map(String::as_str)) {
+    for name in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
         headers.remove(name);
     }
 }
@@ -403,7 +431,10 @@ impl Body for TeeBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let (Poll::Ready(Some(Ok(frame))), Some((kept, limit))) = (&polled, &this.kept) {
@@ -437,7 +468,10 @@ impl Body for ObservedBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {

@@ -178,7 +178,10 @@ impl ReplayWriter {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 if let Some(n) = WRITE_FAILED.pass() {
-                    tracing::warn!(suppressed_since_last_warning = n, "replay writer busy or gone: capture dropped");
+                    tracing::warn!(
+                        suppressed_since_last_warning = n,
+                        "replay writer busy or gone: capture dropped"
+                    );
                 }
             }
         }
@@ -264,7 +267,8 @@ pub fn parse_size(v: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 1 << 30,
         _ => return Err(format!("unknown size unit {unit:?} (use KiB, MiB or GiB)")),
     };
-    n.checked_mul(scale).ok_or_else(|| "size too large".to_string())
+    n.checked_mul(scale)
+        .ok_or_else(|| "size too large".to_string())
 }
 
 #[cfg(test)]
@@ -310,7 +314,8 @@ mod tests {
         assert_eq!(v["traceId"], "ab".repeat(16));
         let whole: Value = serde_json::from_slice(&capture(&h, b"0123", 4).to_json(4)).unwrap();
         assert_eq!(whole["bodyTruncated"], false);
-        let binary: Value = serde_json::from_slice(&capture(&h, &[0xff, 0xfe], 2).to_json(4)).unwrap();
+        let binary: Value =
+            serde_json::from_slice(&capture(&h, &[0xff, 0xfe], 2).to_json(4)).unwrap();
         assert_eq!(binary["isBase64Encoded"], true);
         assert_eq!(binary["body"], "//4=");
     }
@@ -326,7 +331,10 @@ mod tests {
         f.append(b"dddd\n").unwrap();
         f.append(b"eeee\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "eeee\n");
-        assert_eq!(std::fs::read_to_string(rotated(&path)).unwrap(), "cccc\ndddd\n");
+        assert_eq!(
+            std::fs::read_to_string(rotated(&path)).unwrap(),
+            "cccc\ndddd\n"
+        );
     }
 
     #[test]

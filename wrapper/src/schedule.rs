@@ -16,9 +16,6 @@ use crate::envelope::Request;
 use crate::invoke::Invoker;
 use crate::{httpmode, observe, reaper};
 
-/// How long the invoke sequence waits for the server to listen.
-pub const LISTEN_WAIT: Duration = Duration::from_secs(60);
-
 /// Runs the configured mode's schedule one-shot; returns the exit status.
 pub async fn run(config: Config) -> u8 {
     observe::install(&config.observe);
@@ -48,7 +45,7 @@ async fn invoke_sequence(config: &Config) -> u8 {
     // Only the wait races the server's exit: once connected, a server that answers and then
     // exits must still have its answer read.
     let stream = tokio::select! {
-        waited = runr_tick::wait_for_listener(&target, LISTEN_WAIT) => match waited {
+        waited = runr_tick::wait_for_listener(&target, config.observe.listen_wait) => match waited {
             Ok(stream) => Some(stream),
             Err(e) => {
                 tracing::error!(command = ?config.command, "the server never listened: {e}");
@@ -65,7 +62,9 @@ async fn invoke_sequence(config: &Config) -> u8 {
         Some(stream) => {
             let event = ScheduleEvent::new();
             let started = Instant::now();
-            match tokio::time::timeout(config.timeout, runr_tick::send(stream, &target, &event)).await {
+            match tokio::time::timeout(config.timeout, runr_tick::send(stream, &target, &event))
+                .await
+            {
                 Ok(Ok(response)) => {
                     observe_tick(&event, &response, started.elapsed());
                     runr_tick::print_response(&response)
@@ -93,7 +92,8 @@ fn observe_tick(event: &ScheduleEvent, response: &TickResponse, took: Duration) 
     }
     let req = schedule_request(event);
     let outcome = crate::invoke::Outcome::answered(crate::response::Reply {
-        status: http::StatusCode::from_u16(response.status).unwrap_or(http::StatusCode::BAD_GATEWAY),
+        status: http::StatusCode::from_u16(response.status)
+            .unwrap_or(http::StatusCode::BAD_GATEWAY),
         headers: Vec::new(),
         body: response.body.clone(),
     });
@@ -129,8 +129,17 @@ pub fn schedule_request(event: &ScheduleEvent) -> Request {
         }
     }
     headers.insert(http::header::HOST, HeaderValue::from_static("localhost"));
-    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(runr_tick::event::BODY.len()));
-    Request::new(Trigger::Schedule, "POST", "/", headers, Bytes::from_static(runr_tick::event::BODY))
+    headers.insert(
+        http::header::CONTENT_LENGTH,
+        HeaderValue::from(runr_tick::event::BODY.len()),
+    );
+    Request::new(
+        Trigger::Schedule,
+        "POST",
+        "/",
+        headers,
+        Bytes::from_static(runr_tick::event::BODY),
+    )
 }
 
 #[cfg(test)]

@@ -50,22 +50,24 @@ impl Sampler {
                 },
             }
         };
-        Ok(match name.map(str::trim).unwrap_or("parentbased_always_on") {
-            "always_on" => Sampler::AlwaysOn,
-            "always_off" => Sampler::AlwaysOff,
-            "traceidratio" => Sampler::TraceIdRatio(ratio()?),
-            "parentbased_always_on" => Sampler::ParentBased(Root::AlwaysOn),
-            "parentbased_always_off" => Sampler::ParentBased(Root::AlwaysOff),
-            "parentbased_traceidratio" => Sampler::ParentBased(Root::Ratio(ratio()?)),
-            _ => {
-                return Err((
-                    "OTEL_TRACES_SAMPLER",
-                    "expected always_on, always_off, traceidratio, parentbased_always_on, \
+        Ok(
+            match name.map(str::trim).unwrap_or("parentbased_always_on") {
+                "always_on" => Sampler::AlwaysOn,
+                "always_off" => Sampler::AlwaysOff,
+                "traceidratio" => Sampler::TraceIdRatio(ratio()?),
+                "parentbased_always_on" => Sampler::ParentBased(Root::AlwaysOn),
+                "parentbased_always_off" => Sampler::ParentBased(Root::AlwaysOff),
+                "parentbased_traceidratio" => Sampler::ParentBased(Root::Ratio(ratio()?)),
+                _ => {
+                    return Err((
+                        "OTEL_TRACES_SAMPLER",
+                        "expected always_on, always_off, traceidratio, parentbased_always_on, \
                      parentbased_always_off or parentbased_traceidratio"
-                        .to_string(),
-                ))
-            }
-        })
+                            .to_string(),
+                    ))
+                }
+            },
+        )
     }
 
     /// Whether a span of trace `trace_id` with caller `parent` is sampled.
@@ -118,7 +120,9 @@ pub fn parse_traceparent(value: &str) -> Option<Parent> {
     let span = parts.next()?;
     let flags = parts.next()?;
     let rest = parts.next();
-    let version = u8::from_str_radix(version, 16).ok().filter(|_| version.len() == 2)?;
+    let version = u8::from_str_radix(version, 16)
+        .ok()
+        .filter(|_| version.len() == 2)?;
     // ff is forbidden; version 00 has exactly four fields, later versions may append more.
     if version == 0xff || (version == 0 && rest.is_some()) {
         return None;
@@ -138,7 +142,11 @@ pub fn parse_traceparent(value: &str) -> Option<Parent> {
 
 fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     // Upper-case hex is invalid in traceparent.
-    if s.len() != N * 2 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if s.len() != N * 2
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return None;
     }
     let mut out = [0u8; N];
@@ -219,7 +227,14 @@ pub fn take_cold_start() -> bool {
 
 /// The access line, exactly the spec's shape:
 /// `[runr-wrapper] trace_id=<32 hex> span_id=<16 hex> sampled=<bool> <METHOD> <path> <status> <ms>ms cold_start=<bool>`.
-pub fn access_line(span: &Span, method: &str, path: &str, status: u16, took: Duration, cold: bool) -> String {
+pub fn access_line(
+    span: &Span,
+    method: &str,
+    path: &str,
+    status: u16,
+    took: Duration,
+    cold: bool,
+) -> String {
     format!(
         "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
         crate::logging::PREFIX,
@@ -249,10 +264,17 @@ mod tests {
     #[test]
     fn traceparent_parses_and_rejects() {
         let p = parse_traceparent(TP).unwrap();
-        assert_eq!(runr_tick::event::hex(&p.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(
+            runr_tick::event::hex(&p.trace_id),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
         assert_eq!(runr_tick::event::hex(&p.span_id), "00f067aa0ba902b7");
         assert!(p.sampled);
-        assert!(!parse_traceparent(&TP.replace("-01", "-00")).unwrap().sampled);
+        assert!(
+            !parse_traceparent(&TP.replace("-01", "-00"))
+                .unwrap()
+                .sampled
+        );
         // A later version may carry more fields.
         assert!(parse_traceparent(&format!("01{}-extra", &TP[2..])).is_some());
         for bad in [
@@ -273,16 +295,29 @@ mod tests {
     fn span_continues_the_trace_with_a_new_span() {
         let mut h = HeaderMap::new();
         h.insert(TRACEPARENT, TP.parse().unwrap());
-        let s = Span::start(&h, &Sampler::ParentBased(Root::AlwaysOff), SystemTime::now());
+        let s = Span::start(
+            &h,
+            &Sampler::ParentBased(Root::AlwaysOff),
+            SystemTime::now(),
+        );
         assert_eq!(s.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(s.parent_span_id.map(|p| runr_tick::event::hex(&p)).as_deref(), Some("00f067aa0ba902b7"));
+        assert_eq!(
+            s.parent_span_id
+                .map(|p| runr_tick::event::hex(&p))
+                .as_deref(),
+            Some("00f067aa0ba902b7")
+        );
         assert!(s.sampled, "parent-based follows the caller's flag");
         let next = s.traceparent();
         assert!(next.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
         assert!(!next.contains("00f067aa0ba902b7"));
         assert!(next.ends_with("-01"));
 
-        let fresh = Span::start(&HeaderMap::new(), &Sampler::ParentBased(Root::AlwaysOff), SystemTime::now());
+        let fresh = Span::start(
+            &HeaderMap::new(),
+            &Sampler::ParentBased(Root::AlwaysOff),
+            SystemTime::now(),
+        );
         assert!(fresh.parent_span_id.is_none());
         assert!(!fresh.sampled);
         assert_ne!(fresh.trace_id, s.trace_id);
@@ -290,8 +325,14 @@ mod tests {
 
     #[test]
     fn samplers() {
-        assert_eq!(Sampler::parse(None, None), Ok(Sampler::ParentBased(Root::AlwaysOn)));
-        assert_eq!(Sampler::parse(Some("traceidratio"), Some("0.25")), Ok(Sampler::TraceIdRatio(0.25)));
+        assert_eq!(
+            Sampler::parse(None, None),
+            Ok(Sampler::ParentBased(Root::AlwaysOn))
+        );
+        assert_eq!(
+            Sampler::parse(Some("traceidratio"), Some("0.25")),
+            Ok(Sampler::TraceIdRatio(0.25))
+        );
         assert!(Sampler::parse(Some("traceidratio"), Some("2")).is_err());
         assert!(Sampler::parse(Some("jaeger_remote"), None).is_err());
         let never = Sampler::TraceIdRatio(0.0);
@@ -303,7 +344,7 @@ mod tests {
         assert!(always.sample(&low, None));
         assert!(half.sample(&low, None));
         assert!(!half.sample(&high, None));
-        high[8] = 0x7f;
+        high[8] = 0x70;
         assert!(half.sample(&high, None));
     }
 
@@ -316,7 +357,14 @@ mod tests {
             sampled: true,
             start: SystemTime::now(),
         };
-        let line = access_line(&s, "GET", "/orders", 500, Duration::from_micros(41_349), false);
+        let line = access_line(
+            &s,
+            "GET",
+            "/orders",
+            500,
+            Duration::from_micros(41_349),
+            false,
+        );
         assert_eq!(
             line,
             "[runr-wrapper] trace_id=4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b span_id=0f0f0f0f0f0f0f0f \
