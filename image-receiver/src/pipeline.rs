@@ -5,9 +5,24 @@
 //! `POST /complete` once the size and SHA-256 of the file are verified; what it returns becomes
 //! the `image` (or the `message`) of `GET /status`.
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
+use runr_registry::Backoff;
 use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use crate::archive::Span;
+use crate::formats::{
+    self, media, DetectOptions, Detected, DockerImage, DockerLayer, OciImage, RawManifest,
+    WasmModule,
+};
+use crate::push::{PushError, Pusher};
 
 /// How the layers of a classic `docker save` archive are pushed when they arrive uncompressed
 /// (`RUNR_UPLOAD_COMPRESS`). Content that already has a manifest is never recompressed.
@@ -46,7 +61,7 @@ pub struct ImageInfo {
     pub digest: String,
     /// Media type of that manifest (or index).
     pub media_type: String,
-    /// `os/arch[/variant]` of every platform pushed (empty for a wasm module).
+    /// `os/arch[/variant]` of every platform pushed (`wasip1/wasm` or `wasip2/wasm` for a module).
     pub platforms: Vec<String>,
     /// Number of layers (summed over platforms for an index).
     pub layers: usize,
@@ -107,6 +122,353 @@ impl ProcessError {
 /// Detects what `file` holds, pushes it to `opts.target` and reads the tag back, requiring the
 /// digest it pushed. Nothing is tagged unless everything it references was pushed.
 pub async fn process(file: &Path, opts: &ProcessOptions) -> Result<ImageInfo, ProcessError> {
-    let _ = (file, opts);
-    Err(ProcessError::new("not implemented yet"))
+    process_with(file, opts, Backoff::default()).await
+}
+
+/// [`process`] with a chosen backoff between retries.
+pub async fn process_with(
+    file: &Path,
+    opts: &ProcessOptions,
+    backoff: Backoff,
+) -> Result<ImageInfo, ProcessError> {
+    let label = opts
+        .filename
+        .clone()
+        .or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "the upload".into());
+    let in_file = |e: String| ProcessError::new(format!("{label}: {e}"));
+    let detected = {
+        let path = file.to_path_buf();
+        let work_dir = opts.work_dir.clone();
+        let declared_size = opts.declared_size;
+        let upload_name = opts.upload_name.clone();
+        tokio::task::spawn_blocking(move || {
+            formats::detect(
+                &path,
+                &DetectOptions {
+                    work_dir: &work_dir,
+                    declared_size,
+                    upload_name: upload_name.as_deref(),
+                },
+            )
+        })
+        .await
+        .map_err(|e| ProcessError::new(format!("format detection stopped: {e}")))?
+        .map_err(|e| in_file(e.to_string()))?
+    };
+    let pusher = Pusher::new(&opts.target, &opts.registry, backoff)
+        .await
+        .map_err(|e| ProcessError::new(e.to_string()))?;
+    let pushed = match detected {
+        Detected::Oci(image) => push_oci(&pusher, image).await,
+        Detected::Docker(image) => push_docker(&pusher, image, opts.compress).await,
+        Detected::Wasm(module) => push_wasm(&pusher, module).await,
+    };
+    pushed.map_err(|e| match e {
+        PushError::Content(m) => in_file(m),
+        e => ProcessError::new(e.to_string()),
+    })
+}
+
+/// Blobs (two at a time), then child manifests, then the tag; then the read-back.
+async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushError> {
+    let file = image.archive.file().clone();
+    let blobs = image.blobs.clone();
+    // Boxed: keeps the future `Send` (rustc cannot prove it through the closure otherwise).
+    let pushes: Vec<BoxFuture<'_, Result<bool, PushError>>> = blobs
+        .iter()
+        .map(|b| pusher.push_span(&file, b.span, &b.digest, b.what).boxed())
+        .collect();
+    futures_util::stream::iter(pushes)
+        .buffer_unordered(2)
+        .try_collect::<Vec<bool>>()
+        .await?;
+    for m in &image.children {
+        pusher.push_manifest(m, false).await?;
+    }
+    pusher.push_manifest(&image.top, true).await?;
+    pusher.read_back(&image.top.digest).await?;
+    Ok(ImageInfo {
+        digest: image.top.digest.clone(),
+        media_type: image.top.media_type.clone(),
+        platforms: image.platforms,
+        layers: image.layers,
+        size_bytes: blobs.iter().map(|b| b.size).sum(),
+        tag_ref: pusher.tag_ref(),
+        image_ref: pusher.image_ref(&image.top.digest),
+        kind: Kind::Image,
+        source_format: SourceFormat::Oci,
+        note: image.note,
+    })
+}
+
+/// A classic archive has no manifest: push config and layers (gzip'ing uncompressed ones when
+/// asked), then write an OCI manifest for them.
+async fn push_docker(
+    pusher: &Pusher,
+    image: DockerImage,
+    compress: Compress,
+) -> Result<ImageInfo, PushError> {
+    let file = image.archive.file().clone();
+    pusher
+        .push_bytes(
+            Bytes::from(image.config.clone()),
+            &image.config_digest,
+            "config",
+        )
+        .await?;
+    // Compressing is the slow part and its result is not known before it is done: when the tag
+    // already holds this very image (same config, every layer present), reuse its layers.
+    let needs_gzip = compress == Compress::Gzip && image.layers.iter().any(|l| !l.gzipped);
+    let reused = if needs_gzip {
+        reusable_layers(pusher, &image).await?
+    } else {
+        None
+    };
+    let layers: Vec<Value> = match reused {
+        Some(layers) => layers,
+        None => {
+            let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
+                .layers
+                .iter()
+                .map(|l| push_docker_layer(pusher, &file, l, compress).boxed())
+                .collect();
+            futures_util::stream::iter(pushes)
+                .buffered(2)
+                .try_collect()
+                .await?
+        }
+    };
+    let size_bytes = image.config.len() as u64
+        + layers
+            .iter()
+            .map(|l| l["size"].as_u64().unwrap_or(0))
+            .sum::<u64>();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_MANIFEST,
+        "config": {
+            "mediaType": media::OCI_CONFIG,
+            "digest": image.config_digest,
+            "size": image.config.len(),
+        },
+        "layers": layers,
+    });
+    let bytes = serde_json::to_vec(&manifest).expect("a manifest serializes");
+    let raw = RawManifest {
+        digest: formats::sha256_digest(&bytes),
+        media_type: media::OCI_MANIFEST.into(),
+        bytes,
+    };
+    pusher.push_manifest(&raw, true).await?;
+    pusher.read_back(&raw.digest).await?;
+    Ok(ImageInfo {
+        digest: raw.digest.clone(),
+        media_type: raw.media_type,
+        platforms: image.platform.into_iter().collect(),
+        layers: layers.len(),
+        size_bytes,
+        tag_ref: pusher.tag_ref(),
+        image_ref: pusher.image_ref(&raw.digest),
+        kind: Kind::Image,
+        source_format: SourceFormat::Docker,
+        note: None,
+    })
+}
+
+/// One classic layer → its descriptor in the manifest we write.
+async fn push_docker_layer(
+    pusher: &Pusher,
+    file: &Arc<std::fs::File>,
+    layer: &DockerLayer,
+    compress: Compress,
+) -> Result<Value, PushError> {
+    let (media_type, digest, size) = if layer.gzipped {
+        // Already compressed: its digest is not in the archive's documents, and its content must
+        // be checked against the diff_id, so read it once before pushing.
+        let (digest, diff_id) = {
+            let file = file.clone();
+            let span = layer.span;
+            tokio::task::spawn_blocking(move || gzip_digests(&file, span))
+                .await
+                .map_err(|e| PushError::Content(format!("reading layer: {e}")))?
+                .map_err(|e| {
+                    PushError::Content(format!(
+                        "layer {} is not a valid gzip stream: {e}",
+                        layer.name
+                    ))
+                })?
+        };
+        if diff_id != layer.diff_id {
+            return Err(PushError::Content(format!(
+                "layer {} in the file does not match its diff_id {} (its content hashes to {diff_id}): the file is damaged",
+                layer.name, layer.diff_id
+            )));
+        }
+        pusher.push_span(file, layer.span, &digest, "layer").await?;
+        (media::OCI_LAYER_GZIP, digest, layer.span.len)
+    } else if compress == Compress::Gzip {
+        let (digest, size) = pusher
+            .push_gzipped(file, layer.span, &layer.diff_id, &layer.name)
+            .await?;
+        (media::OCI_LAYER_GZIP, digest, size)
+    } else {
+        pusher
+            .push_span(file, layer.span, &layer.diff_id, "layer")
+            .await?;
+        (media::OCI_LAYER_TAR, layer.diff_id.clone(), layer.span.len)
+    };
+    Ok(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}))
+}
+
+/// The layer descriptors of the manifest the tag holds, when it is this same image (same config
+/// digest and layer count) and every layer is still in the repository.
+async fn reusable_layers(
+    pusher: &Pusher,
+    image: &DockerImage,
+) -> Result<Option<Vec<Value>>, PushError> {
+    let Some((bytes, _)) = pusher.current_manifest().await else {
+        return Ok(None);
+    };
+    let Ok(current) = serde_json::from_slice::<Value>(&bytes) else {
+        return Ok(None);
+    };
+    if current["config"]["digest"].as_str() != Some(image.config_digest.as_str()) {
+        return Ok(None);
+    }
+    let Some(layers) = current["layers"].as_array() else {
+        return Ok(None);
+    };
+    if layers.len() != image.layers.len() {
+        return Ok(None);
+    }
+    for l in layers {
+        let Some(digest) = l["digest"].as_str() else {
+            return Ok(None);
+        };
+        if !pusher.blob_exists(digest).await? {
+            return Ok(None);
+        }
+    }
+    Ok(Some(
+        layers
+            .iter()
+            .map(|l| {
+                serde_json::json!({"mediaType": l["mediaType"], "digest": l["digest"], "size": l["size"]})
+            })
+            .collect(),
+    ))
+}
+
+/// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id).
+fn gzip_digests(file: &std::fs::File, span: Span) -> std::io::Result<(String, String)> {
+    use std::io::Read;
+    struct Hashing<'a> {
+        file: &'a std::fs::File,
+        pos: u64,
+        end: u64,
+        hasher: Sha256,
+    }
+    impl Read for Hashing<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = ((self.end - self.pos) as usize).min(buf.len());
+            if n == 0 {
+                return Ok(0);
+            }
+            let n = self.file.read_at(&mut buf[..n], self.pos)?;
+            self.hasher.update(&buf[..n]);
+            self.pos += n as u64;
+            Ok(n)
+        }
+    }
+    let src = Hashing {
+        file,
+        pos: span.offset,
+        end: span.offset + span.len,
+        hasher: Sha256::new(),
+    };
+    let mut gz = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, src));
+    let mut raw = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = gz.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        raw.update(&buf[..n]);
+    }
+    let mut src = gz.into_inner().into_inner();
+    // Trailing bytes after the last member still belong to the blob.
+    std::io::copy(&mut src, &mut std::io::sink())?;
+    Ok((
+        format!("sha256:{}", formats::hex(&src.hasher.finalize())),
+        format!("sha256:{}", formats::hex(&raw.finalize())),
+    ))
+}
+
+/// A module as a CNCF wasm OCI artifact: config `application/vnd.wasm.config.v0+json`, one layer
+/// `application/wasm`.
+async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, PushError> {
+    let digest = {
+        let file = module.file.clone();
+        let span = module.span;
+        tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let mut hasher = Sha256::new();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut pos = span.offset;
+            while pos < span.offset + span.len {
+                let n = file.read_at(&mut buf, pos)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                pos += n as u64;
+            }
+            Ok(format!("sha256:{}", formats::hex(&hasher.finalize())))
+        })
+        .await
+        .map_err(|e| PushError::Content(format!("reading the module: {e}")))?
+        .map_err(|e| PushError::Content(format!("reading the module: {e}")))?
+    };
+    let os = if module.component { "wasip2" } else { "wasip1" };
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "wasm",
+        "os": os,
+        "layerDigests": [digest],
+    }))
+    .expect("a config serializes");
+    let config_digest = formats::sha256_digest(&config);
+    pusher
+        .push_span(&module.file, module.span, &digest, "module")
+        .await?;
+    pusher
+        .push_bytes(Bytes::from(config.clone()), &config_digest, "config")
+        .await?;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_MANIFEST,
+        "artifactType": media::WASM_CONFIG,
+        "config": {"mediaType": media::WASM_CONFIG, "digest": config_digest, "size": config.len()},
+        "layers": [{"mediaType": media::WASM_LAYER, "digest": digest, "size": module.span.len}],
+    });
+    let bytes = serde_json::to_vec(&manifest).expect("a manifest serializes");
+    let raw = RawManifest {
+        digest: formats::sha256_digest(&bytes),
+        media_type: media::OCI_MANIFEST.into(),
+        bytes,
+    };
+    pusher.push_manifest(&raw, true).await?;
+    pusher.read_back(&raw.digest).await?;
+    Ok(ImageInfo {
+        digest: raw.digest.clone(),
+        media_type: raw.media_type,
+        platforms: vec![format!("{os}/wasm")],
+        layers: 1,
+        size_bytes: config.len() as u64 + module.span.len,
+        tag_ref: pusher.tag_ref(),
+        image_ref: pusher.image_ref(&raw.digest),
+        kind: Kind::Wasm,
+        source_format: SourceFormat::Wasm,
+        note: None,
+    })
 }

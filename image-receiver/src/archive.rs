@@ -1,0 +1,389 @@
+//! The tar archive's own index: every entry's name → where its bytes sit in the file.
+//!
+//! Archives are read in place, never extracted: the index records each regular file's data
+//! offset and length (the `tar` crate walks the headers, GNU long names and PAX records included,
+//! seeking over the data), and blobs are later read with positioned reads. Hard links and symbolic
+//! links (`docker save` stores repeated layers as links) are resolved inside the archive only.
+//! Names that could point outside the archive (`..`, absolute paths, links leaving it) make the
+//! whole archive refused: no well-formed image archive has them.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tar::EntryType;
+
+/// An archive with more entries than this is refused (the index lives in memory).
+const MAX_ENTRIES: usize = 1_000_000;
+/// Links followed before giving up (a loop, or a chain no tool writes).
+const MAX_LINK_HOPS: usize = 16;
+
+/// Why an archive could not be indexed or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The tar headers could not be read.
+    #[error("the file is not a readable tar archive ({0})")]
+    Read(#[source] io::Error),
+    /// An entry's data runs past the end of the file.
+    #[error("the archive is truncated: entry {name:?} needs {need} bytes but the file has {have}")]
+    Truncated {
+        /// The entry.
+        name: String,
+        /// The offset its data ends at.
+        need: u64,
+        /// The file's length.
+        have: u64,
+    },
+    /// An entry's name or link target points outside the archive.
+    #[error("the archive entry {name:?} points outside the archive ({why}); refusing the file")]
+    UnsafePath {
+        /// The entry.
+        name: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// Too many entries to index.
+    #[error("the archive has more than {MAX_ENTRIES} entries")]
+    TooManyEntries,
+    /// A name the caller needs is not in the archive.
+    #[error("the archive has no entry {0:?}")]
+    Missing(String),
+    /// A link leads nowhere, in a loop, or to something that is not a file.
+    #[error("the archive entry {name:?} is a link that does not resolve to a file ({why})")]
+    BadLink {
+        /// The entry.
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A document is larger than the caller allows.
+    #[error("the archive entry {name:?} is {size} bytes, more than the {limit} bytes allowed")]
+    TooLarge {
+        /// The entry.
+        name: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Reading an entry's bytes failed.
+    #[error("failed to read archive entry {name:?}: {source}")]
+    ReadEntry {
+        /// The entry.
+        name: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where one file's bytes are in the archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Offset of the first byte in the archive file.
+    pub offset: u64,
+    /// Number of bytes.
+    pub len: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Node {
+    File(Span),
+    /// Target already made archive-relative and normalized.
+    Symlink(String),
+    Hardlink(String),
+    Other,
+}
+
+/// The index of one tar archive, with the file kept open for positioned reads.
+#[derive(Debug, Clone)]
+pub struct Archive {
+    file: Arc<File>,
+    entries: HashMap<String, Node>,
+}
+
+impl Archive {
+    /// Opens `path` and indexes it.
+    pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
+        let file = File::open(path).map_err(ArchiveError::Read)?;
+        Self::index(file)
+    }
+
+    /// Indexes the archive in `file` (which stays open for later reads).
+    pub fn index(file: File) -> Result<Archive, ArchiveError> {
+        let have = file.metadata().map_err(ArchiveError::Read)?.len();
+        let mut entries = HashMap::new();
+        {
+            let mut tar = tar::Archive::new(&file);
+            for entry in tar.entries_with_seek().map_err(ArchiveError::Read)? {
+                let entry = entry.map_err(ArchiveError::Read)?;
+                if entries.len() >= MAX_ENTRIES {
+                    return Err(ArchiveError::TooManyEntries);
+                }
+                let raw = entry.path_bytes();
+                let raw = String::from_utf8_lossy(&raw).into_owned();
+                let name = normalize_name(&raw)?;
+                let kind = entry.header().entry_type();
+                let node = match kind {
+                    EntryType::Regular | EntryType::Continuous => {
+                        let span = Span {
+                            offset: entry.raw_file_position(),
+                            len: entry.size(),
+                        };
+                        let need = span.offset.saturating_add(span.len);
+                        if need > have {
+                            return Err(ArchiveError::Truncated {
+                                name: raw,
+                                need,
+                                have,
+                            });
+                        }
+                        Node::File(span)
+                    }
+                    EntryType::Symlink | EntryType::Link => {
+                        let target = entry
+                            .link_name_bytes()
+                            .map(|t| String::from_utf8_lossy(&t).into_owned())
+                            .unwrap_or_default();
+                        if kind == EntryType::Symlink {
+                            Node::Symlink(resolve_symlink_target(&raw, &name, &target)?)
+                        } else {
+                            Node::Hardlink(normalize_link(&raw, &target)?)
+                        }
+                    }
+                    EntryType::GNUSparse => {
+                        // Sparse data is not contiguous in the file: no image tool writes it.
+                        return Err(ArchiveError::BadLink {
+                            name: raw,
+                            why: "sparse files are not supported",
+                        });
+                    }
+                    _ => Node::Other,
+                };
+                if !name.is_empty() {
+                    entries.insert(name, node);
+                }
+            }
+        }
+        Ok(Archive {
+            file: Arc::new(file),
+            entries,
+        })
+    }
+
+    /// True when the archive holds an entry called `name` (of any type).
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Where the bytes of `name` are, following links inside the archive.
+    pub fn find(&self, name: &str) -> Result<Span, ArchiveError> {
+        let mut current = normalize_name(name)?;
+        for _ in 0..MAX_LINK_HOPS {
+            match self.entries.get(&current) {
+                None if current == name => return Err(ArchiveError::Missing(name.to_string())),
+                None => {
+                    return Err(ArchiveError::BadLink {
+                        name: name.to_string(),
+                        why: "its target is not in the archive",
+                    })
+                }
+                Some(Node::File(span)) => return Ok(*span),
+                Some(Node::Symlink(t)) | Some(Node::Hardlink(t)) => current = t.clone(),
+                Some(Node::Other) => {
+                    return Err(ArchiveError::BadLink {
+                        name: name.to_string(),
+                        why: "it is not a regular file",
+                    })
+                }
+            }
+        }
+        Err(ArchiveError::BadLink {
+            name: name.to_string(),
+            why: "too many links in a row (a loop?)",
+        })
+    }
+
+    /// Reads the whole of `name`, refusing anything over `limit` bytes (documents only).
+    pub fn read(&self, name: &str, limit: u64) -> Result<Vec<u8>, ArchiveError> {
+        let span = self.find(name)?;
+        if span.len > limit {
+            return Err(ArchiveError::TooLarge {
+                name: name.to_string(),
+                size: span.len,
+                limit,
+            });
+        }
+        let mut buf = vec![0; span.len as usize];
+        self.file
+            .read_exact_at(&mut buf, span.offset)
+            .map_err(|source| ArchiveError::ReadEntry {
+                name: name.to_string(),
+                source,
+            })?;
+        Ok(buf)
+    }
+
+    /// The open archive file, for positioned reads of spans.
+    pub fn file(&self) -> &Arc<File> {
+        &self.file
+    }
+}
+
+/// Archive-relative name without `./`, duplicate or trailing slashes; refuses absolute names and
+/// `..` components.
+fn normalize_name(raw: &str) -> Result<String, ArchiveError> {
+    if raw.starts_with('/') {
+        return Err(ArchiveError::UnsafePath {
+            name: raw.to_string(),
+            why: "absolute path",
+        });
+    }
+    let mut parts = Vec::new();
+    for part in raw.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                return Err(ArchiveError::UnsafePath {
+                    name: raw.to_string(),
+                    why: "contains ..",
+                })
+            }
+            p => parts.push(p),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// A symbolic link's target, resolved against the link's directory; it must stay inside.
+fn resolve_symlink_target(raw: &str, name: &str, target: &str) -> Result<String, ArchiveError> {
+    if target.starts_with('/') {
+        return Err(ArchiveError::UnsafePath {
+            name: raw.to_string(),
+            why: "link to an absolute path",
+        });
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    parts.pop();
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(ArchiveError::UnsafePath {
+                        name: raw.to_string(),
+                        why: "link leaves the archive",
+                    });
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// A hard link's target is archive-relative already; it may not climb out.
+fn normalize_link(raw: &str, target: &str) -> Result<String, ArchiveError> {
+    normalize_name(target).map_err(|_| ArchiveError::UnsafePath {
+        name: raw.to_string(),
+        why: "hard link to a path outside the archive",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn build(f: impl FnOnce(&mut tar::Builder<&mut Vec<u8>>)) -> tempfile::NamedTempFile {
+        let mut data = Vec::new();
+        {
+            let mut b = tar::Builder::new(&mut data);
+            f(&mut b);
+            b.finish().unwrap();
+        }
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&data).unwrap();
+        tmp
+    }
+
+    fn file(b: &mut tar::Builder<&mut Vec<u8>>, name: &str, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(EntryType::Regular);
+        b.append_data(&mut h, name, data).unwrap();
+    }
+
+    fn link(b: &mut tar::Builder<&mut Vec<u8>>, kind: EntryType, name: &str, target: &str) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_entry_type(kind);
+        b.append_link(&mut h, name, target).unwrap();
+    }
+
+    #[test]
+    fn finds_files_through_links_and_long_names() {
+        let long = format!("{}/layer.tar", "d".repeat(150));
+        let tmp = build(|b| {
+            file(b, "./manifest.json", b"[1]");
+            file(b, &long, b"layer bytes");
+            link(b, EntryType::Symlink, "b/layer.tar", &format!("../{long}"));
+            link(b, EntryType::Link, "c/layer.tar", "b/layer.tar");
+        });
+        let a = Archive::open(tmp.path()).unwrap();
+        assert_eq!(a.read("manifest.json", 10).unwrap(), b"[1]");
+        assert_eq!(a.read("c/layer.tar", 100).unwrap(), b"layer bytes");
+        assert_eq!(a.find("b/layer.tar").unwrap(), a.find(&long).unwrap());
+        assert!(matches!(
+            a.read("manifest.json", 2),
+            Err(ArchiveError::TooLarge { .. })
+        ));
+        assert!(matches!(a.find("nope"), Err(ArchiveError::Missing(_))));
+    }
+
+    #[test]
+    fn refuses_escapes() {
+        for (kind, target) in [
+            (EntryType::Symlink, "../../etc/passwd"),
+            (EntryType::Symlink, "/etc/passwd"),
+            (EntryType::Link, "../x"),
+        ] {
+            let tmp = build(|b| link(b, kind, "a/l", target));
+            let err = Archive::open(tmp.path()).unwrap_err();
+            assert!(matches!(err, ArchiveError::UnsafePath { .. }), "{err}");
+        }
+        // tar::Builder refuses to write `..` names, so write the header by hand.
+        let mut data = Vec::new();
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..12].copy_from_slice(b"../../etc/x\0");
+        h.set_size(0);
+        h.set_entry_type(EntryType::Regular);
+        h.set_cksum();
+        data.extend_from_slice(h.as_bytes());
+        data.extend_from_slice(&[0; 1024]);
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&data).unwrap();
+        let err = Archive::open(tmp.path()).unwrap_err();
+        assert!(err.to_string().contains("../../etc/x"), "{err}");
+    }
+
+    #[test]
+    fn link_loops_and_truncation() {
+        let tmp = build(|b| {
+            link(b, EntryType::Symlink, "a", "b");
+            link(b, EntryType::Symlink, "b", "a");
+            file(b, "big", &[7; 5000]);
+        });
+        let a = Archive::open(tmp.path()).unwrap();
+        assert!(matches!(a.find("a"), Err(ArchiveError::BadLink { .. })));
+        let bytes = std::fs::read(tmp.path()).unwrap();
+        let cut = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(cut.path(), &bytes[..3000]).unwrap();
+        let err = Archive::open(cut.path()).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+}
