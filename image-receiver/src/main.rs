@@ -39,8 +39,17 @@ fn serve() -> ExitCode {
         }
     };
     init_logs(config.log_level);
-    tracing::info!(?config, "serve is not wired yet");
-    ExitCode::FAILURE
+    let result = runtime().and_then(|rt| {
+        rt.block_on(runr_image_upload::server::serve(config))
+            .map_err(anyhow::Error::from)
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("serve failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn fetch(reference: &str, dest: &Path) -> ExitCode {

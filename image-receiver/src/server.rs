@@ -1,0 +1,350 @@
+//! The HTTP API the control plane talks to (through the Kubernetes API server's service
+//! proxy): `GET /status`, `PUT /chunk?offset=N`, `POST /complete`, `GET /healthz`. Every answer
+//! is JSON; refusals are `{"error": "...", "code": "..."}`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::pipeline::{self, ProcessOptions};
+use crate::upload::{ChunkError, Completion, OpenError, Processor, Upload};
+
+/// How long in-flight requests get to finish after SIGTERM.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Chunk bytes are handed to the disk in batches of about this size: large enough that the
+/// hop to a blocking thread is rare, small enough that a request holds little memory.
+const WRITE_BATCH: usize = 1024 * 1024;
+
+/// Why `serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The upload directory could not be used.
+    #[error("cannot open the upload")]
+    Open(#[from] OpenError),
+    /// The port could not be bound.
+    #[error("cannot listen on port {port}")]
+    Bind {
+        /// `PORT`.
+        port: u16,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The signal handlers could not be installed.
+    #[error("cannot install the SIGTERM handler")]
+    Signal(#[source] std::io::Error),
+}
+
+/// `runr-image-upload serve`: opens the upload in `RUNR_UPLOAD_DIR` (taking over what a previous
+/// run left), listens on `PORT` and serves until SIGTERM or SIGINT. Work that a previous run
+/// had started (verifying, pushing) starts again.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    let upload = Upload::open(&config.upload_dir, config.size, &config.sha256)?;
+    let processor = pipeline_processor(&config);
+    let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.port)))
+        .await
+        .map_err(|source| ServeError::Bind {
+            port: config.port,
+            source,
+        })?;
+    let shutdown = shutdown_signal().map_err(ServeError::Signal)?;
+    tracing::info!(
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        dir = %config.upload_dir.display(),
+        size = config.size,
+        target = %config.target,
+        registry = ?config.registry,
+        compress = ?config.compress,
+        "listening"
+    );
+    if upload.needs_resume() {
+        tracing::info!("a previous run stopped while verifying or pushing: starting that again");
+        upload.resume(processor.clone());
+    }
+    run(listener, upload, processor, shutdown).await;
+    Ok(())
+}
+
+/// The pipeline with the options of this upload, as the upload's [`Processor`].
+fn pipeline_processor(config: &Config) -> Processor {
+    let opts = Arc::new(ProcessOptions {
+        work_dir: config.upload_dir.clone(),
+        target: config.target.clone(),
+        upload_name: config.name.clone(),
+        filename: config.filename.clone(),
+        compress: config.compress,
+        registry: config.registry.clone(),
+        declared_size: config.size,
+    });
+    Arc::new(move |file| {
+        let opts = opts.clone();
+        let runtime = tokio::runtime::Handle::current();
+        Box::pin(async move {
+            // Driven from a blocking thread of its own: the pipeline's future need not be
+            // `Send` (stream combinators over borrowed layers often are not), and the
+            // receiving side keeps its worker threads while a push runs.
+            let info = tokio::task::spawn_blocking(move || {
+                runtime.block_on(pipeline::process(&file, &opts))
+            })
+            .await
+            .map_err(|e| format!("internal error while processing the upload: {e}"))?
+            .map_err(|e| e.to_string())?;
+            serde_json::to_value(info).map_err(|e| format!("internal error: {e}"))
+        })
+    })
+}
+
+/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C while developing).
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
+
+/// What every request shares.
+struct Ctx {
+    upload: Arc<Upload>,
+    processor: Processor,
+}
+
+/// Serves `listener` until `shutdown` completes, then stops accepting and waits up to
+/// [`DRAIN_LIMIT`] for in-flight requests. Background work is not waited for: its state is on
+/// disk and a restarted receiver takes it up again.
+pub async fn run(
+    listener: TcpListener,
+    upload: Arc<Upload>,
+    processor: Processor,
+    shutdown: impl Future<Output = ()>,
+) {
+    let ctx = Arc::new(Ctx { upload, processor });
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    // The timer gives hyper its header-read timeout (slow clients cannot pin a task).
+    http.timer(TokioTimer::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let ctx = ctx.clone();
+                    let service = service_fn(move |req| handle(ctx.clone(), req));
+                    let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                    tokio::spawn(async move {
+                        // Resets and half-sent chunks are the client's business.
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning on accept.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_LIMIT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(limit = ?DRAIN_LIMIT, "requests still running after the drain limit");
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Reply, Infallible> {
+    let reply = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/healthz") => json(StatusCode::OK, &Ok200 { ok: true }),
+        (&Method::GET | &Method::HEAD, "/status") => json(StatusCode::OK, &ctx.upload.status()),
+        (&Method::PUT, "/chunk") => chunk(&ctx, req).await,
+        (&Method::POST, "/complete") => complete(&ctx),
+        (_, "/healthz" | "/status" | "/chunk" | "/complete") => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "GET /status, PUT /chunk?offset=N, POST /complete, GET /healthz",
+        ),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such endpoint: GET /status, PUT /chunk?offset=N, POST /complete, GET /healthz",
+        ),
+    };
+    Ok(reply)
+}
+
+#[derive(serde::Serialize)]
+struct Ok200 {
+    ok: bool,
+}
+
+/// `PUT /chunk?offset=N`: refusals from the headers first (before a byte of the body is read),
+/// then the body streams to the data file in batches, bounded as it comes when the client sent
+/// no Content-Length.
+async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
+    let Some(offset) = parse_offset(req.uri().query()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_offset",
+            "expected ?offset=N with N the chunk's byte offset in the file (a whole number)",
+        );
+    };
+    let len = req.body().size_hint().exact();
+    let mut writer = match ctx.upload.begin_chunk(offset, len) {
+        Ok(w) => w,
+        Err(e) => return chunk_error(e),
+    };
+    let mut body = req.into_body();
+    let mut batch: Vec<Bytes> = Vec::new();
+    let mut batched = 0usize;
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                // The client went away mid-chunk: what was written stays unrecorded unless a
+                // batch completed, and the client sends the chunk again.
+                tracing::debug!(error = %e, offset, "chunk body ended early");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_chunk",
+                    "the chunk's body ended early; send it again",
+                );
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing for us
+        };
+        if let Err(e) = writer.check_room((batched + data.len()) as u64) {
+            return chunk_error(e);
+        }
+        batched += data.len();
+        batch.push(data);
+        if batched >= WRITE_BATCH {
+            if let Err(e) = writer.write(std::mem::take(&mut batch)).await {
+                return chunk_error(e);
+            }
+            batched = 0;
+        }
+    }
+    if !batch.is_empty() {
+        if let Err(e) = writer.write(batch).await {
+            return chunk_error(e);
+        }
+    }
+    json(StatusCode::OK, &writer.finish())
+}
+
+/// `POST /complete`.
+fn complete(ctx: &Ctx) -> Reply {
+    match ctx.upload.complete(&ctx.processor) {
+        Completion::Incomplete { uploaded_bytes } => json(
+            StatusCode::CONFLICT,
+            &serde_json::json!({
+                "error": format!(
+                    "the upload is not complete: {uploaded_bytes} of {} bytes are there from \
+                     the start without a gap; send the rest, then complete again",
+                    ctx.upload.size()
+                ),
+                "code": "upload_incomplete",
+                "uploaded_bytes": uploaded_bytes,
+            }),
+        ),
+        Completion::Working(status) => json(StatusCode::ACCEPTED, &status),
+        Completion::Done(status) => json(StatusCode::OK, &status),
+    }
+}
+
+/// The offset of `offset=N` in the query, a plain decimal number.
+fn parse_offset(query: Option<&str>) -> Option<u64> {
+    let value = query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("offset="))?;
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok()
+}
+
+fn chunk_error(e: ChunkError) -> Reply {
+    let (status, code) = match &e {
+        ChunkError::Closed(_) => (StatusCode::CONFLICT, "upload_closed"),
+        ChunkError::Reopened => (StatusCode::CONFLICT, "upload_reopened"),
+        ChunkError::OutOfRange { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "chunk_out_of_range"),
+        ChunkError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "chunk_too_large"),
+        ChunkError::Write { .. } => {
+            tracing::error!(error = %anyhow::Error::from(e), "cannot store a chunk");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "write_failed",
+                "the receiver cannot store the chunk (is its volume full?); see its log",
+            );
+        }
+    };
+    error(status, code, &e.to_string())
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Reply {
+    json(
+        status,
+        &serde_json::json!({ "error": message, "code": code }),
+    )
+}
+
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Reply {
+    let body = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut reply = Response::new(Full::new(Bytes::from(body)));
+    *reply.status_mut() = status;
+    reply
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets() {
+        assert_eq!(parse_offset(Some("offset=0")), Some(0));
+        assert_eq!(parse_offset(Some("x=1&offset=8388608")), Some(8_388_608));
+        for bad in [
+            None,
+            Some(""),
+            Some("offset="),
+            Some("offset=-1"),
+            Some("offset=1e3"),
+            Some("offset=+5"),
+            Some("offset=18446744073709551616"),
+            Some("off=1"),
+        ] {
+            assert_eq!(parse_offset(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,803 @@
+//! The upload on disk and its life cycle: chunks written at their offsets into one data file,
+//! the merged ranges kept in a small state file next to it, the SHA-256 computed as the
+//! contiguous prefix grows, and the background work of `complete` (verify, then process).
+//!
+//! Files, both in `RUNR_UPLOAD_DIR` and nowhere else:
+//! - [`DATA_FILE`]: the upload itself, written with `pwrite` at each chunk's offset;
+//! - [`STATE_FILE`]: JSON with the declared size and digest, the byte ranges held, and the
+//!   state (`open`, `verifying`, `pushing`, `completed`, `failed`) with its message and image.
+//!
+//! Crash safety: a range enters the state file only after `pwrite` returned for every byte of
+//! it, and the state file is replaced by rename, so it never claims bytes that are not in the
+//! data file. Both live in the page cache, which outlives the process: a receiver killed with
+//! SIGKILL (a container restart inside the pod, where the emptyDir survives) finds exactly what
+//! it answered. No fsync: it would halve ingest on this disk and only protects against a
+//! kernel crash, after which Kubernetes gives the pod a new emptyDir anyway.
+//!
+//! Bytes once held never change: a chunk writes only the parts of its range that are neither
+//! held nor being written by another chunk (claimed). That is what lets the digest be computed
+//! while chunks still arrive, and lets `complete` close the upload without waiting for chunks
+//! that are still in flight (once every byte is held, they have nothing left to write).
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ranges::Ranges;
+use crate::status::{State, Status};
+
+/// The uploaded file, inside the upload directory.
+pub const DATA_FILE: &str = "upload.data";
+/// The ranges held and the upload's state, inside the upload directory.
+pub const STATE_FILE: &str = "upload.state.json";
+/// Written then renamed over [`STATE_FILE`].
+const STATE_TMP: &str = "upload.state.json.tmp";
+
+/// Largest chunk accepted (`413` above).
+pub const MAX_CHUNK: u64 = 16 * 1024 * 1024;
+
+/// How much the hasher reads at a time.
+const HASH_BLOCK: usize = 1024 * 1024;
+
+/// What happens to the verified file: detect, push, read back (the pipeline in production, a
+/// closure in unit tests). `Ok` is the status's `image`, `Err` its `message`.
+pub type Processor = Arc<
+    dyn Fn(PathBuf) -> Pin<Box<dyn Future<Output = Result<serde_json::Value, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Why a chunk was refused or could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    /// The upload is being verified or pushed, or is finished.
+    #[error("the upload is {}: no more chunks are accepted", .0.as_str())]
+    Closed(State),
+    /// The chunk reaches past the declared size.
+    #[error(
+        "the chunk at offset {offset} with {len} bytes ends past the declared size of {size} bytes"
+    )]
+    OutOfRange {
+        /// Offset of the chunk.
+        offset: u64,
+        /// Its length (so far, for a chunk without Content-Length).
+        len: u64,
+        /// The declared size.
+        size: u64,
+    },
+    /// The chunk is larger than [`MAX_CHUNK`].
+    #[error("a chunk may hold at most {MAX_CHUNK} bytes (16 MiB); this one has {0} or more")]
+    TooLarge(u64),
+    /// A digest mismatch reopened the upload while this chunk was arriving.
+    #[error("the upload was reopened while this chunk arrived; send it again")]
+    Reopened,
+    /// Writing the data file failed.
+    #[error("cannot write {path}")]
+    Write {
+        /// The data file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why the upload directory could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The data file could not be opened or created.
+    #[error("cannot open {path}")]
+    DataFile {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The state file could not be written.
+    #[error("cannot write {path}")]
+    StateFile {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What `POST /complete` answers.
+#[derive(Debug)]
+pub enum Completion {
+    /// Not every byte is there yet.
+    Incomplete {
+        /// Bytes from 0 without a gap.
+        uploaded_bytes: u64,
+    },
+    /// The work started now, or runs already (`202`).
+    Working(Status),
+    /// The work is over (`200`).
+    Done(Status),
+}
+
+/// Where the upload is, as persisted (ready and receiving are both `open`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Phase {
+    Open,
+    Verifying,
+    Pushing,
+    Completed,
+    Failed,
+}
+
+/// The state file's content.
+#[derive(Debug, Serialize, Deserialize)]
+struct Persisted {
+    size: u64,
+    sha256: String,
+    phase: Phase,
+    ranges: Ranges,
+    message: Option<String>,
+    image: Option<serde_json::Value>,
+}
+
+/// The mutable part of the upload, under one lock that is never held across an await or I/O
+/// on the data file.
+#[derive(Debug)]
+struct Inner {
+    phase: Phase,
+    /// Bytes written and held.
+    received: Ranges,
+    /// Bytes some chunk is writing right now.
+    claimed: Ranges,
+    message: Option<String>,
+    image: Option<serde_json::Value>,
+    /// Bumped when a digest mismatch reopens the upload, so writes of the old file stop.
+    generation: u64,
+}
+
+/// One upload: its files, its ranges, its digest and its state.
+pub struct Upload {
+    dir: PathBuf,
+    data_path: PathBuf,
+    size: u64,
+    sha256: String,
+    file: File,
+    inner: Mutex<Inner>,
+    /// Serializes state-file writes (each one snapshots the newest state).
+    persist_lock: Mutex<()>,
+    hasher: Arc<Hasher>,
+}
+
+// === impl Upload ===
+
+impl Upload {
+    /// Opens (or creates) the upload in `dir` for a file of `size` bytes with SHA-256 `sha256`
+    /// (lowercase hex), taking over what a previous run of the receiver left there, and starts
+    /// hashing the contiguous prefix.
+    ///
+    /// A state file for another upload (other size or digest) or one that cannot be read is
+    /// discarded with the data file: this upload starts empty.
+    pub fn open(dir: &Path, size: u64, sha256: &str) -> Result<Arc<Upload>, OpenError> {
+        let data_path = dir.join(DATA_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&data_path)
+            .map_err(|source| OpenError::DataFile {
+                path: data_path.clone(),
+                source,
+            })?;
+        let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let previous = read_state(&dir.join(STATE_FILE), size, sha256);
+        let mut inner = Inner {
+            phase: Phase::Open,
+            received: Ranges::new(),
+            claimed: Ranges::new(),
+            message: None,
+            image: None,
+            generation: 0,
+        };
+        match previous {
+            Some(p) => {
+                inner.phase = p.phase;
+                inner.received = p.ranges;
+                inner.message = p.message;
+                inner.image = p.image;
+                // A data file shorter than the ranges (removed or truncated behind our back)
+                // cannot hold them: keep only what it can.
+                if on_disk < size {
+                    inner.received.remove(on_disk, u64::MAX);
+                    if inner.phase != Phase::Open && inner.received.contiguous_prefix() < size {
+                        tracing::warn!(
+                            on_disk,
+                            "the data file is shorter than the upload: receiving again"
+                        );
+                        inner.phase = Phase::Open;
+                        inner.message = None;
+                    }
+                }
+                tracing::info!(
+                    uploaded_bytes = inner.received.contiguous_prefix(),
+                    received_bytes = inner.received.total(),
+                    phase = ?inner.phase,
+                    "resuming the upload left in the upload directory"
+                );
+            }
+            None => {
+                if on_disk > 0 {
+                    file.set_len(0).map_err(|source| OpenError::DataFile {
+                        path: data_path.clone(),
+                        source,
+                    })?;
+                }
+            }
+        }
+        let reader = file.try_clone().map_err(|source| OpenError::DataFile {
+            path: data_path.clone(),
+            source,
+        })?;
+        let prefix = inner.received.contiguous_prefix();
+        let upload = Arc::new(Upload {
+            dir: dir.to_path_buf(),
+            data_path,
+            size,
+            sha256: sha256.to_string(),
+            file,
+            inner: Mutex::new(inner),
+            persist_lock: Mutex::new(()),
+            hasher: Hasher::start(reader, size),
+        });
+        upload.hasher.advance(0, prefix);
+        upload.persist().map_err(|source| OpenError::StateFile {
+            path: dir.join(STATE_FILE),
+            source,
+        })?;
+        Ok(upload)
+    }
+
+    /// The data file.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// The declared size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The current status.
+    pub fn status(&self) -> Status {
+        status_of(&self.lock(), self.size)
+    }
+
+    /// True when a previous run was verifying or pushing when it stopped: the work must be
+    /// started again ([`Upload::resume`]).
+    pub fn needs_resume(&self) -> bool {
+        matches!(self.lock().phase, Phase::Verifying | Phase::Pushing)
+    }
+
+    /// Starts a chunk of `len` bytes (when the client said so) at `offset`: refuses it when the
+    /// upload is closed, the chunk is too large or reaches past the declared size.
+    pub fn begin_chunk(
+        self: &Arc<Self>,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<ChunkWriter, ChunkError> {
+        let inner = self.lock();
+        let state = status_of(&inner, self.size).status;
+        if !state.is_open() {
+            return Err(ChunkError::Closed(state));
+        }
+        let generation = inner.generation;
+        drop(inner);
+        if let Some(len) = len {
+            if len > MAX_CHUNK {
+                return Err(ChunkError::TooLarge(len));
+            }
+        }
+        let len_so_far = len.unwrap_or(0);
+        if offset > self.size || offset.saturating_add(len_so_far) > self.size {
+            return Err(ChunkError::OutOfRange {
+                offset,
+                len: len_so_far,
+                size: self.size,
+            });
+        }
+        Ok(ChunkWriter {
+            upload: self.clone(),
+            start: offset,
+            pos: offset,
+            generation,
+        })
+    }
+
+    /// `POST /complete`: refuses while bytes are missing; otherwise closes the upload and starts
+    /// the background work (verify, then `process`), or answers where that work is.
+    pub fn complete(self: &Arc<Self>, process: &Processor) -> Completion {
+        let mut inner = self.lock();
+        match inner.phase {
+            Phase::Open => {
+                let uploaded_bytes = inner.received.contiguous_prefix();
+                if uploaded_bytes < self.size {
+                    return Completion::Incomplete { uploaded_bytes };
+                }
+                inner.phase = Phase::Verifying;
+                inner.message = Some("checking the size and SHA-256 of the file".into());
+                let status = status_of(&inner, self.size);
+                drop(inner);
+                tracing::info!("upload complete: verifying");
+                self.persist_or_log();
+                self.resume(process.clone());
+                Completion::Working(status)
+            }
+            Phase::Verifying | Phase::Pushing => Completion::Working(status_of(&inner, self.size)),
+            Phase::Completed | Phase::Failed => Completion::Done(status_of(&inner, self.size)),
+        }
+    }
+
+    /// Runs the work of a closed upload in the background: verification (unless a previous run
+    /// already verified it), then `process`, ending in `completed` or `failed`.
+    pub fn resume(self: &Arc<Self>, process: Processor) {
+        let upload = self.clone();
+        tokio::spawn(async move { upload.work(process).await });
+    }
+
+    async fn work(self: Arc<Self>, process: Processor) {
+        if self.lock().phase == Phase::Verifying {
+            match self.verify().await {
+                Ok(()) => {
+                    let mut inner = self.lock();
+                    inner.phase = Phase::Pushing;
+                    inner.message = Some("detecting the format and pushing the image".into());
+                }
+                Err(Verification::Mismatch(message)) => {
+                    tracing::warn!(%message, "verification failed: the upload is reopened");
+                    self.reopen(message);
+                    self.persist_or_log();
+                    return;
+                }
+                Err(Verification::Unreadable(message)) => {
+                    self.finish(Err(message));
+                    return;
+                }
+            }
+            self.persist_or_log();
+            tracing::info!("upload verified: processing");
+        }
+        // Its own task, so that a panic in the pipeline becomes `failed` instead of a status
+        // stuck at `pushing`.
+        let outcome = tokio::spawn(process(self.data_path.clone())).await;
+        let outcome = outcome.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "processing the upload panicked");
+            Err("internal error while processing the upload; see the receiver's log".into())
+        });
+        self.finish(outcome);
+    }
+
+    fn finish(&self, outcome: Result<serde_json::Value, String>) {
+        {
+            let mut inner = self.lock();
+            match outcome {
+                Ok(image) => {
+                    tracing::info!(%image, "upload completed");
+                    inner.phase = Phase::Completed;
+                    inner.message = None;
+                    inner.image = Some(image);
+                }
+                Err(message) => {
+                    tracing::warn!(%message, "upload failed");
+                    inner.phase = Phase::Failed;
+                    inner.message = Some(message);
+                }
+            }
+        }
+        self.persist_or_log();
+    }
+
+    /// Waits for the running digest to reach the end, then checks size and digest.
+    async fn verify(&self) -> Result<(), Verification> {
+        let hasher = self.hasher.clone();
+        let size = self.size;
+        let digest = tokio::task::spawn_blocking(move || hasher.wait_final())
+            .await
+            .map_err(|e| Verification::Unreadable(format!("internal error: {e}")))?
+            .map_err(|e| Verification::Unreadable(format!("cannot read the uploaded file: {e}")))?;
+        let on_disk = self
+            .file
+            .metadata()
+            .map_err(|e| Verification::Unreadable(format!("cannot read the uploaded file: {e}")))?
+            .len();
+        if on_disk != size {
+            return Err(Verification::Mismatch(format!(
+                "the file has {on_disk} bytes but the upload declared {size}; the upload was \
+                 reopened with nothing received: send the file again"
+            )));
+        }
+        if digest != self.sha256 {
+            return Err(Verification::Mismatch(format!(
+                "the file's SHA-256 is sha256:{digest} but the upload declared sha256:{}; the \
+                 upload was reopened with nothing received: send the file again",
+                self.sha256
+            )));
+        }
+        Ok(())
+    }
+
+    /// Back to `ready` with nothing held.
+    fn reopen(&self, message: String) {
+        let mut inner = self.lock();
+        inner.generation += 1;
+        inner.received = Ranges::new();
+        inner.claimed = Ranges::new();
+        inner.phase = Phase::Open;
+        inner.message = Some(message);
+        // Give the space back now; chunks extend the file again.
+        if let Err(e) = self.file.set_len(0) {
+            tracing::warn!(error = %e, "cannot truncate the data file");
+        }
+        self.hasher.reset();
+    }
+
+    /// Writes `data` at `pos` (only the bytes nobody holds or writes), records them, and moves
+    /// the hasher on when the contiguous prefix grew.
+    fn write_at(&self, generation: u64, pos: u64, data: &[Bytes]) -> Result<(), ChunkError> {
+        let len: u64 = data.iter().map(|b| b.len() as u64).sum();
+        let end = pos + len;
+        let pieces = {
+            let mut inner = self.lock();
+            if inner.generation != generation {
+                return Err(ChunkError::Reopened);
+            }
+            let mut pieces = Vec::new();
+            for (s, e) in inner.received.gaps(pos, end) {
+                pieces.extend(inner.claimed.gaps(s, e));
+            }
+            for &(s, e) in &pieces {
+                inner.claimed.insert(s, e);
+            }
+            pieces
+        };
+        let mut result = Ok(());
+        for &(s, e) in &pieces {
+            if let Err(source) = write_piece(&self.file, pos, data, s, e) {
+                result = Err(ChunkError::Write {
+                    path: self.data_path.clone(),
+                    source,
+                });
+                break;
+            }
+        }
+        let mut inner = self.lock();
+        for &(s, e) in &pieces {
+            inner.claimed.remove(s, e);
+        }
+        if inner.generation != generation {
+            return Err(ChunkError::Reopened);
+        }
+        result?;
+        let before = inner.received.contiguous_prefix();
+        for &(s, e) in &pieces {
+            inner.received.insert(s, e);
+        }
+        let after = inner.received.contiguous_prefix();
+        if after > before {
+            self.hasher.advance(generation, after);
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent ranges (every update is one call).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the state file with the current state.
+    fn persist(&self) -> io::Result<()> {
+        let _guard = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let json = {
+            let inner = self.lock();
+            serde_json::to_vec(&Persisted {
+                size: self.size,
+                sha256: self.sha256.clone(),
+                phase: inner.phase,
+                ranges: inner.received.clone(),
+                message: inner.message.clone(),
+                image: inner.image.clone(),
+            })?
+        };
+        let tmp = self.dir.join(STATE_TMP);
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, self.dir.join(STATE_FILE))
+    }
+
+    fn persist_or_log(&self) {
+        if let Err(e) = self.persist() {
+            tracing::error!(error = %e, "cannot write the state file");
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let mut s = self.hasher.lock();
+        s.stop = true;
+        self.hasher.changed.notify_all();
+    }
+}
+
+/// Why verification did not pass.
+enum Verification {
+    /// Size or digest differ from the declared ones: the upload is reopened.
+    Mismatch(String),
+    /// The file could not be read: the upload fails.
+    Unreadable(String),
+}
+
+/// The state file's content, when it belongs to this upload.
+fn read_state(path: &Path, size: u64, sha256: &str) -> Option<Persisted> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the state file: starting over");
+            return None;
+        }
+    };
+    match serde_json::from_slice::<Persisted>(&bytes) {
+        Ok(p) if p.size == size && p.sha256 == sha256 => Some(p),
+        Ok(p) => {
+            tracing::warn!(
+                old_size = p.size,
+                old_sha256 = %p.sha256,
+                "the upload directory holds another upload: starting over"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the state file is damaged: starting over");
+            None
+        }
+    }
+}
+
+fn status_of(inner: &Inner, size: u64) -> Status {
+    let status = match inner.phase {
+        Phase::Open if inner.received.is_empty() => State::Ready,
+        Phase::Open => State::Receiving,
+        Phase::Verifying => State::Verifying,
+        Phase::Pushing => State::Pushing,
+        Phase::Completed => State::Completed,
+        Phase::Failed => State::Failed,
+    };
+    Status {
+        status,
+        size,
+        uploaded_bytes: inner.received.contiguous_prefix(),
+        received_bytes: inner.received.total(),
+        message: inner.message.clone(),
+        image: inner.image.clone(),
+    }
+}
+
+/// Writes the part `[s, e)` of the buffers that start at `pos`.
+fn write_piece(file: &File, pos: u64, data: &[Bytes], s: u64, e: u64) -> io::Result<()> {
+    let mut at = pos;
+    for buf in data {
+        let buf_end = at + buf.len() as u64;
+        let from = s.max(at);
+        let to = e.min(buf_end);
+        if from < to {
+            file.write_all_at(&buf[(from - at) as usize..(to - at) as usize], from)?;
+        }
+        at = buf_end;
+        if at >= e {
+            break;
+        }
+    }
+    Ok(())
+}
+
+// === impl ChunkWriter ===
+
+/// One chunk being received: its bytes go to the data file in batches as they arrive.
+pub struct ChunkWriter {
+    upload: Arc<Upload>,
+    start: u64,
+    pos: u64,
+    generation: u64,
+}
+
+impl ChunkWriter {
+    /// Bytes of this chunk written so far.
+    pub fn written(&self) -> u64 {
+        self.pos - self.start
+    }
+
+    /// Checks that `more` bytes still fit into the chunk and the declared size (for a chunk
+    /// without Content-Length, checked as it streams).
+    pub fn check_room(&self, more: u64) -> Result<(), ChunkError> {
+        let len = self.written() + more;
+        if len > MAX_CHUNK {
+            return Err(ChunkError::TooLarge(len));
+        }
+        if self.start + len > self.upload.size {
+            return Err(ChunkError::OutOfRange {
+                offset: self.start,
+                len,
+                size: self.upload.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the next bytes of the chunk (on a blocking thread: `pwrite` may wait for the
+    /// disk).
+    pub async fn write(&mut self, data: Vec<Bytes>) -> Result<(), ChunkError> {
+        let len: u64 = data.iter().map(|b| b.len() as u64).sum();
+        self.check_room(len)?;
+        let upload = self.upload.clone();
+        let (generation, pos) = (self.generation, self.pos);
+        tokio::task::spawn_blocking(move || upload.write_at(generation, pos, &data))
+            .await
+            .map_err(|e| ChunkError::Write {
+                path: self.upload.data_path.clone(),
+                source: io::Error::other(e),
+            })??;
+        self.pos += len;
+        Ok(())
+    }
+
+    /// Records the chunk in the state file and answers the new status.
+    pub fn finish(self) -> Status {
+        // The ranges were recorded in memory as they were written; the state file catches up
+        // here, once per chunk.
+        self.upload.persist_or_log();
+        self.upload.status()
+    }
+}
+
+// === impl Hasher ===
+
+/// SHA-256 of the contiguous prefix, computed on its own thread as the prefix grows.
+struct Hasher {
+    shared: Mutex<HashShared>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct HashShared {
+    /// Generation of the upload the hasher works on.
+    generation: u64,
+    /// End of the contiguous prefix: the hasher may read up to here.
+    target: u64,
+    /// Bytes hashed so far (of `generation`).
+    hashed: u64,
+    /// Hex digest once `hashed` reached the size.
+    digest: Option<String>,
+    /// A read error, for the verification to report.
+    error: Option<String>,
+    /// The upload is gone: the thread ends.
+    stop: bool,
+}
+
+impl Hasher {
+    fn start(file: File, size: u64) -> Arc<Hasher> {
+        let hasher = Arc::new(Hasher {
+            shared: Mutex::new(HashShared::default()),
+            changed: Condvar::new(),
+        });
+        let h = hasher.clone();
+        // A plain thread: it blocks on reads and on the condvar, and the second core is its.
+        std::thread::Builder::new()
+            .name("sha256".into())
+            .spawn(move || h.run(file, size))
+            .expect("spawn the hashing thread");
+        hasher
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashShared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The contiguous prefix of `generation` now ends at `target`.
+    fn advance(&self, generation: u64, target: u64) {
+        let mut s = self.lock();
+        if generation >= s.generation && target > s.target {
+            s.generation = generation;
+            s.target = target;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Starts over (the upload was reopened).
+    fn reset(&self) {
+        let mut s = self.lock();
+        s.generation += 1;
+        s.target = 0;
+        s.hashed = 0;
+        s.digest = None;
+        s.error = None;
+        self.changed.notify_all();
+    }
+
+    /// Blocks until the whole file is hashed; its hex digest, or why it could not be read.
+    fn wait_final(&self) -> Result<String, String> {
+        let mut s = self.lock();
+        loop {
+            if let Some(e) = &s.error {
+                return Err(e.clone());
+            }
+            if let Some(d) = &s.digest {
+                return Ok(d.clone());
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn run(&self, file: File, size: u64) {
+        let mut buf = vec![0u8; HASH_BLOCK];
+        let mut sha = Sha256::new();
+        let mut generation = 0;
+        let mut hashed = 0u64;
+        loop {
+            let (from, to) = {
+                let mut s = self.lock();
+                loop {
+                    if s.generation != generation {
+                        generation = s.generation;
+                        sha = Sha256::new();
+                        hashed = 0;
+                    }
+                    if s.stop {
+                        return;
+                    }
+                    if s.target > hashed && s.error.is_none() {
+                        break;
+                    }
+                    s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
+                (hashed, s.target.min(hashed + HASH_BLOCK as u64))
+            };
+            let n = (to - from) as usize;
+            let read = file.read_exact_at(&mut buf[..n], from);
+            let mut s = self.lock();
+            if s.generation != generation {
+                continue;
+            }
+            if let Err(e) = read {
+                s.error = Some(e.to_string());
+                self.changed.notify_all();
+                continue;
+            }
+            sha.update(&buf[..n]);
+            hashed = to;
+            s.hashed = hashed;
+            if hashed == size {
+                s.digest = Some(hex(&sha.clone().finalize()));
+                self.changed.notify_all();
+            }
+        }
+    }
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
