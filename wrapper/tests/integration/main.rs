@@ -3,6 +3,8 @@
 //! here rather than new files at tests/ top level.
 
 mod exec;
+mod http_mode;
 mod lifecycle;
+mod observed_support;
 mod persistent;
 mod support;

@@ -1,0 +1,249 @@
+//! Support for the http-mode, schedule, proxy and replay tests: the python3 upstream fixture, a
+//! one-shot runner for the wrapper, the access-line parser and a test OTLP collector.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use runr_testkit::{free_port, Child};
+
+use crate::support::{bin, Wrapper};
+
+/// `python3 <upstream.py>` as a RUNR_COMMAND JSON array.
+pub fn upstream_command() -> String {
+    serde_json::to_string(&["python3", &upstream_script()]).unwrap()
+}
+
+pub fn upstream_script() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/upstream.py")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The CloudEvents consumer of the tick crate's tests.
+pub fn ce_receiver_script() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tick/tests/fixtures/ce_receiver.py")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The observed proxy in front of the python upstream, with `extra` variables.
+pub fn start_proxy(extra: &[(&str, String)]) -> Wrapper {
+    let mut vars = vec![
+        ("RUNR_WRAPPER_MODE".to_string(), "http".to_string()),
+        ("RUNR_COMMAND".to_string(), upstream_command()),
+        ("RUNR_UPSTREAM_PORT".to_string(), free_port().to_string()),
+    ];
+    vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    Wrapper::start(&vars)
+}
+
+/// A finished one-shot run of the wrapper.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Starts the wrapper with `args` and `vars` (on top of the test's environment).
+pub fn spawn(args: &[&str], vars: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Child::spawn(&mut cmd).expect("spawn runr-wrapper")
+}
+
+/// Waits for a spawned wrapper (up to `limit`) and collects its output.
+pub fn finish(mut child: Child, limit: Duration) -> Run {
+    // Read both pipes while waiting, so a chatty run cannot block on a full pipe.
+    let mut out = child.inner().stdout.take().unwrap();
+    let mut err = child.inner().stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = child.wait_timeout(limit);
+    child.kill();
+    Run {
+        code: status.code().expect("exited by a signal"),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+pub fn run(args: &[&str], vars: &[(&str, String)], limit: Duration) -> Run {
+    finish(spawn(args, vars), limit)
+}
+
+/// One parsed access line.
+#[derive(Debug)]
+pub struct Access {
+    pub trace_id: String,
+    pub span_id: String,
+    pub sampled: bool,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    pub ms: f64,
+    pub cold_start: bool,
+}
+
+/// The access lines in `log`, each checked against the spec's exact shape.
+pub fn access_lines(log: &str) -> Vec<Access> {
+    log.lines()
+        .filter(|l| l.starts_with("[runr-wrapper] trace_id="))
+        .map(|l| {
+            let t: Vec<&str> = l.split(' ').collect();
+            assert_eq!(t.len(), 9, "access line shape: {l:?}");
+            let field = |i: usize, key: &str| {
+                t[i].strip_prefix(key)
+                    .unwrap_or_else(|| panic!("{key} in {l:?}"))
+                    .to_string()
+            };
+            let hex = |s: &str, n: usize| {
+                s.len() == n
+                    && s.bytes()
+                        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            };
+            let trace_id = field(1, "trace_id=");
+            let span_id = field(2, "span_id=");
+            assert!(hex(&trace_id, 32) && hex(&span_id, 16), "{l:?}");
+            let ms = t[7]
+                .strip_suffix("ms")
+                .unwrap_or_else(|| panic!("ms in {l:?}"));
+            let decimals = ms.split_once('.').map(|(_, d)| d.len());
+            assert_eq!(decimals, Some(1), "one decimal: {l:?}");
+            Access {
+                trace_id,
+                span_id,
+                sampled: field(3, "sampled=").parse().unwrap(),
+                method: t[4].to_string(),
+                path: t[5].to_string(),
+                status: t[6].parse().unwrap(),
+                ms: ms.parse().unwrap(),
+                cold_start: field(8, "cold_start=").parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// A test OTLP/HTTP collector: accepts POSTs, answers 200, hands each decoded body (with its
+/// path and content type) to the test.
+pub struct Collector {
+    pub port: u16,
+    pub rx: mpsc::Receiver<(String, String, serde_json::Value)>,
+}
+
+impl Collector {
+    pub fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                        let (mut len, mut ctype) = (0usize, String::new());
+                        loop {
+                            let mut h = String::new();
+                            reader.read_line(&mut h).unwrap();
+                            let h = h.trim_end();
+                            if h.is_empty() {
+                                break;
+                            }
+                            let (k, v) = h.split_once(':').unwrap();
+                            match k.to_ascii_lowercase().as_str() {
+                                "content-length" => len = v.trim().parse().unwrap(),
+                                "content-type" => ctype = v.trim().to_string(),
+                                _ => {}
+                            }
+                        }
+                        let mut body = vec![0; len];
+                        reader.read_exact(&mut body).unwrap();
+                        let doc = serde_json::from_slice(&body).expect("the export is JSON");
+                        let _ = tx.send((path, ctype, doc));
+                        let s = reader.get_mut();
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+                        );
+                    }
+                });
+            }
+        });
+        Collector { port, rx }
+    }
+
+    /// The next export's spans (flattened), waiting up to 20 s.
+    pub fn next_spans(&self) -> (String, String, serde_json::Value, Vec<serde_json::Value>) {
+        let (path, ctype, doc) = self
+            .rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("an OTLP export within 20 s");
+        let mut spans = Vec::new();
+        for rs in doc["resourceSpans"].as_array().unwrap() {
+            for ss in rs["scopeSpans"].as_array().unwrap() {
+                spans.extend(ss["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+        (path, ctype, doc, spans)
+    }
+}
+
+/// The value of attribute `key` in an OTLP attribute list.
+pub fn attr<'a>(attrs: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    attrs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["key"] == key)
+        .map(|a| &a["value"])
+        .unwrap_or_else(|| panic!("attribute {key} in {attrs}"))
+}
+
+/// The capture lines of a replay file, once there are at least `n`.
+pub fn replay_lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    runr_testkit::wait_for(
+        &format!("{n} replay lines in {}", path.display()),
+        Duration::from_secs(10),
+        || {
+            let text = std::fs::read_to_string(path).ok()?;
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("each capture is one JSON line"))
+                .collect();
+            (lines.len() >= n).then_some(lines)
+        },
+    )
+}
+
+/// Peak resident memory of `pid` in KiB (VmHWM).
+pub fn vm_hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status")
+}
