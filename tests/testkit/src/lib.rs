@@ -177,6 +177,24 @@ impl Registry {
         Self::start_with(Some(upstream.to_string()))
     }
 
+    /// Starts a pull-through cache for `upstream` on a chosen loopback `port`, for tests whose
+    /// client starts first (e.g. to check that it waits for the registry to come up). Get the
+    /// port from [`free_port`].
+    pub fn start_proxy_on_port(upstream: &str, port: u16) -> Registry {
+        let dir = tempfile::Builder::new()
+            .prefix("runr-registry-")
+            .tempdir()
+            .expect("tempdir");
+        let mut reg = Registry {
+            child: None,
+            dir,
+            port,
+            proxy: Some(upstream.to_string()),
+        };
+        reg.restart();
+        reg
+    }
+
     fn start_with(proxy: Option<String>) -> Registry {
         assert!(
             have_tool("docker-registry"),

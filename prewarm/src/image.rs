@@ -1,0 +1,521 @@
+//! One image: resolve its reference once, fetch the selected platforms' manifests by digest,
+//! warm every config and layer blob, then confirm with Range probes that the cache holds them.
+//! Attempts repeat only what is still missing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use runr_registry::oci_client::manifest::{
+    OciImageIndex, OciImageManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE,
+    OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
+};
+use runr_registry::Backoff;
+use sha2::{Digest, Sha256};
+
+use crate::blobs::{hex, Blob, Fetcher, Warmed};
+use crate::cache::{blob_what, Cache, FetchError, RawManifest};
+use crate::config::{is_sha256_digest, Config, ImageRef, Platforms};
+use crate::readiness::Readiness;
+use crate::summary::{ImageReport, Status};
+
+/// Longest pause between two attempts, whatever the attempt number.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Pauses between two confirmation probes of one blob.
+const CONFIRM_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(100),
+    max: Duration::from_secs(2),
+};
+
+/// What every image shares.
+pub struct Shared {
+    /// The cache.
+    pub cache: Arc<Cache>,
+    /// The blob queue.
+    pub fetcher: Arc<Fetcher>,
+    /// Registry readiness.
+    pub readiness: Readiness,
+    /// The configuration.
+    pub config: Config,
+}
+
+/// What is known about an image so far; kept across attempts so that a retry does only what
+/// is missing.
+#[derive(Default)]
+struct Progress {
+    /// The digest the reference resolved to.
+    digest: Option<String>,
+    /// Platform manifests still to fetch (by digest).
+    manifests_missing: BTreeSet<String>,
+    /// Every blob of the fetched manifests, with `true` once the cache confirmed it.
+    blobs: BTreeMap<Blob, bool>,
+    /// Bytes read in full from the cache.
+    fetched_bytes: u64,
+}
+
+/// Warms `image` within the configured time and attempts, and reports how it went.
+pub async fn warm_image(shared: &Shared, image: &ImageRef) -> ImageReport {
+    let started = Instant::now();
+    let mut progress = Progress::default();
+    let mut attempts = 0;
+    let outcome = tokio::time::timeout(
+        shared.config.timeout,
+        attempts_loop(shared, image, &mut progress, &mut attempts),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(format!(
+            "timed out after {}s (RUNR_PREWARM_TIMEOUT)",
+            shared.config.timeout.as_secs()
+        ))
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = progress.blobs.keys().map(|b| b.size).sum();
+    let report = ImageReport {
+        image: image.text.clone(),
+        status: if outcome.is_ok() {
+            Status::Warmed
+        } else {
+            Status::Failed
+        },
+        digest: progress.digest.clone(),
+        blobs: progress.blobs.len(),
+        bytes,
+        fetched_bytes: progress.fetched_bytes,
+        seconds: (seconds * 1000.0).round() / 1000.0,
+        attempts,
+        error: outcome.err(),
+    };
+    match &report.error {
+        None => tracing::info!(
+            image = %image,
+            digest = report.digest.as_deref().unwrap_or(""),
+            blobs = report.blobs,
+            bytes = report.bytes,
+            fetched = report.fetched_bytes,
+            seconds = report.seconds,
+            attempts,
+            "image warmed"
+        ),
+        Some(error) => tracing::error!(
+            image = %image,
+            digest = report.digest.as_deref().unwrap_or(""),
+            seconds = report.seconds,
+            attempts,
+            error = %error,
+            "image failed"
+        ),
+    }
+    report
+}
+
+async fn attempts_loop(
+    shared: &Shared,
+    image: &ImageRef,
+    progress: &mut Progress,
+    attempts: &mut u32,
+) -> Result<(), String> {
+    let backoff = Backoff {
+        base: shared.config.backoff,
+        max: MAX_BACKOFF,
+    };
+    // Attempts that count against RUNR_PREWARM_ATTEMPTS: one cut short by a registry restart
+    // (the registry had to be waited for) does not.
+    let mut counted = 0;
+    loop {
+        *attempts += 1;
+        counted += 1;
+        let attempt_started = Instant::now();
+        let err = match attempt(shared, image, progress).await {
+            Ok(()) => return Ok(()),
+            Err(err) => err,
+        };
+        tracing::warn!(image = %image, attempt = *attempts, error = %err, "attempt failed");
+        if !err.retryable() {
+            return Err(err.to_string());
+        }
+        let mut restarted = false;
+        if err.registry_gone() {
+            match shared.readiness.recheck(attempt_started).await {
+                Ok(back) => restarted = back,
+                Err(gone) => return Err(format!("{err}; {gone}")),
+            }
+        }
+        if restarted {
+            counted -= 1;
+            continue;
+        }
+        if counted >= shared.config.attempts {
+            return Err(err.to_string());
+        }
+        let delay = backoff
+            .delay(counted - 1)
+            .max(err.retry_after().unwrap_or_default().min(MAX_BACKOFF * 5));
+        tracing::info!(image = %image, retry_in_s = delay.as_secs_f64(), "retrying");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// One pass over whatever is still missing. Every blob is tried and the fetched ones confirmed
+/// even when another part fails, so the next attempt has less to do.
+async fn attempt(
+    shared: &Shared,
+    image: &ImageRef,
+    progress: &mut Progress,
+) -> Result<(), FetchError> {
+    let repo = image.repository.as_str();
+    if progress.digest.is_none() {
+        let raw = shared
+            .cache
+            .manifest(repo, image.manifest_reference())
+            .await?;
+        let what = format!("manifest {image}");
+        let digest = manifest_digest(&raw, image.digest.as_deref(), &what)?;
+        match parse_manifest(&raw, &what)? {
+            Parsed::Image(m) => add_blobs(progress, &m, &what)?,
+            Parsed::Index(index) => {
+                let selected = select_platforms(&index, &shared.config.platforms, &what)?;
+                progress.manifests_missing.extend(selected);
+            }
+        }
+        progress.digest = Some(digest);
+    }
+
+    let mut first_error = None;
+    let wanted: Vec<String> = progress.manifests_missing.iter().cloned().collect();
+    let fetched = join_all(
+        wanted
+            .iter()
+            .map(|digest| fetch_platform_manifest(&shared.cache, repo, digest)),
+    )
+    .await;
+    for (digest, result) in wanted.iter().zip(fetched) {
+        match result {
+            Ok((manifest, what)) => {
+                add_blobs(progress, &manifest, &what)?;
+                progress.manifests_missing.remove(digest);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    let missing: Vec<Blob> = progress
+        .blobs
+        .iter()
+        .filter(|(_, confirmed)| !**confirmed)
+        .map(|(b, _)| b.clone())
+        .collect();
+    let results = join_all(missing.iter().map(|b| shared.fetcher.warm(repo, b))).await;
+    let mut to_confirm = Vec::new();
+    for (blob, result) in missing.iter().zip(results) {
+        match result {
+            Ok(Warmed::Cached) => {
+                progress.blobs.insert(blob.clone(), true);
+            }
+            Ok(Warmed::Fetched { bytes }) => {
+                progress.fetched_bytes += bytes;
+                to_confirm.push(blob.clone());
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    let deadline = Instant::now() + shared.config.confirm_wait;
+    let confirmed = join_all(
+        to_confirm
+            .iter()
+            .map(|b| confirm(shared, repo, b, deadline)),
+    )
+    .await;
+    for (blob, result) in to_confirm.iter().zip(confirmed) {
+        match result {
+            Ok(()) => {
+                progress.blobs.insert(blob.clone(), true);
+            }
+            Err(e) => {
+                // Next attempt must read it again, not trust this run's earlier read.
+                shared.fetcher.forget(repo, blob);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Probes `blob` until the cache answers 206 or `deadline` passes.
+async fn confirm(
+    shared: &Shared,
+    repo: &str,
+    blob: &Blob,
+    deadline: Instant,
+) -> Result<(), FetchError> {
+    let started = Instant::now();
+    let mut probe = 0;
+    loop {
+        if shared.fetcher.is_stored(repo, blob).await? {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(FetchError::NotStored {
+                what: blob_what(repo, &blob.digest),
+                secs: started.elapsed().as_secs(),
+            });
+        }
+        tokio::time::sleep(CONFIRM_BACKOFF.delay(probe).min(left)).await;
+        probe += 1;
+    }
+}
+
+async fn fetch_platform_manifest(
+    cache: &Cache,
+    repo: &str,
+    digest: &str,
+) -> Result<(OciImageManifest, String), FetchError> {
+    let raw = cache.manifest(repo, digest).await?;
+    let what = format!("manifest {repo}@{digest}");
+    manifest_digest(&raw, Some(digest), &what)?;
+    match parse_manifest(&raw, &what)? {
+        Parsed::Image(m) => Ok((*m, what)),
+        Parsed::Index(_) => Err(FetchError::BadManifest {
+            what,
+            reason: "an index inside an index is not supported".into(),
+        }),
+    }
+}
+
+/// The manifest's digest: the SHA-256 of its body, which must match the pinned digest and the
+/// `Docker-Content-Digest` header when there are ones.
+fn manifest_digest(
+    raw: &RawManifest,
+    pinned: Option<&str>,
+    what: &str,
+) -> Result<String, FetchError> {
+    let actual = format!("sha256:{}", hex(&Sha256::digest(&raw.body)));
+    for expected in [pinned, raw.digest_header.as_deref()].into_iter().flatten() {
+        if expected.starts_with("sha256:") && expected != actual {
+            return Err(FetchError::DigestMismatch {
+                what: what.into(),
+                expected: expected.into(),
+                actual,
+            });
+        }
+    }
+    Ok(actual)
+}
+
+enum Parsed {
+    Image(Box<OciImageManifest>),
+    Index(OciImageIndex),
+}
+
+/// Parses an OCI or Docker manifest or index, by `Content-Type`, else by its `mediaType`
+/// field, else by shape (OCI manifests may omit `mediaType`).
+fn parse_manifest(raw: &RawManifest, what: &str) -> Result<Parsed, FetchError> {
+    let bad = |reason: String| FetchError::BadManifest {
+        what: what.into(),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&raw.body).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let declared = value
+        .get("mediaType")
+        .and_then(|m| m.as_str())
+        .map(str::to_string)
+        .or_else(|| raw.media_type.clone())
+        .filter(|m| !m.is_empty() && m != "application/json");
+    let is_index = match declared.as_deref() {
+        Some(OCI_IMAGE_INDEX_MEDIA_TYPE | IMAGE_MANIFEST_LIST_MEDIA_TYPE) => true,
+        Some(OCI_IMAGE_MEDIA_TYPE | IMAGE_MANIFEST_MEDIA_TYPE) => false,
+        Some(other) => return Err(bad(format!("unsupported media type {other}"))),
+        None => value.get("manifests").is_some(),
+    };
+    if is_index {
+        serde_json::from_value(value)
+            .map(Parsed::Index)
+            .map_err(|e| bad(format!("not an image index: {e}")))
+    } else {
+        serde_json::from_value(value)
+            .map(|m| Parsed::Image(Box::new(m)))
+            .map_err(|e| bad(format!("not an image manifest: {e}")))
+    }
+}
+
+/// The digests of the index entries to warm. An index with none left after the filter fails
+/// the image: warming nothing would hide a wrong RUNR_PREWARM_PLATFORMS.
+fn select_platforms(
+    index: &OciImageIndex,
+    platforms: &Platforms,
+    what: &str,
+) -> Result<Vec<String>, FetchError> {
+    let mut selected = Vec::new();
+    let mut available = Vec::new();
+    for entry in &index.manifests {
+        let (os, arch, variant) = match &entry.platform {
+            Some(p) => (
+                p.os.to_string(),
+                p.architecture.to_string(),
+                p.variant.clone(),
+            ),
+            None => ("unknown".into(), "unknown".into(), None),
+        };
+        if os == "unknown" && arch == "unknown" {
+            // Attestations (SBOM, provenance) hang off the index as unknown/unknown entries.
+            continue;
+        }
+        let name = match &variant {
+            Some(v) => format!("{os}/{arch}/{v}"),
+            None => format!("{os}/{arch}"),
+        };
+        if platforms.wants(&os, &arch, variant.as_deref()) {
+            if !is_sha256_digest(&entry.digest) {
+                return Err(FetchError::BadManifest {
+                    what: what.into(),
+                    reason: format!("entry {name} has an unsupported digest {}", entry.digest),
+                });
+            }
+            selected.push(entry.digest.clone());
+        }
+        available.push(name);
+    }
+    if selected.is_empty() {
+        return Err(FetchError::BadManifest {
+            what: what.into(),
+            reason: format!(
+                "no platform of the index matches RUNR_PREWARM_PLATFORMS={platforms} (it has: {})",
+                available.join(", ")
+            ),
+        });
+    }
+    Ok(selected)
+}
+
+/// Adds the config and layers of `manifest` to the blobs to warm. Foreign layers (with `urls`)
+/// are not served by the registry and are skipped.
+fn add_blobs(
+    progress: &mut Progress,
+    manifest: &OciImageManifest,
+    what: &str,
+) -> Result<(), FetchError> {
+    for desc in std::iter::once(&manifest.config).chain(&manifest.layers) {
+        if desc.urls.as_ref().is_some_and(|u| !u.is_empty()) {
+            tracing::debug!(manifest = what, digest = %desc.digest, "skipping a foreign layer");
+            continue;
+        }
+        let size = u64::try_from(desc.size).ok();
+        match size {
+            Some(size) if is_sha256_digest(&desc.digest) => {
+                progress
+                    .blobs
+                    .entry(Blob {
+                        digest: desc.digest.clone(),
+                        size,
+                    })
+                    .or_insert(false);
+            }
+            _ => {
+                return Err(FetchError::BadManifest {
+                    what: what.into(),
+                    reason: format!(
+                        "descriptor {} of size {} is not a sha256 blob prewarm can check",
+                        desc.digest, desc.size
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(body: &str, media_type: Option<&str>) -> RawManifest {
+        RawManifest {
+            body: body.as_bytes().to_vec(),
+            media_type: media_type.map(str::to_string),
+            digest_header: None,
+        }
+    }
+
+    const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const D3: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+
+    fn index() -> String {
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"{OCI_IMAGE_INDEX_MEDIA_TYPE}","manifests":[
+            {{"mediaType":"{OCI_IMAGE_MEDIA_TYPE}","digest":"{D1}","size":1,"platform":{{"os":"linux","architecture":"amd64"}}}},
+            {{"mediaType":"{OCI_IMAGE_MEDIA_TYPE}","digest":"{D2}","size":1,"platform":{{"os":"linux","architecture":"arm64","variant":"v8"}}}},
+            {{"mediaType":"{OCI_IMAGE_MEDIA_TYPE}","digest":"{D3}","size":1,"platform":{{"os":"unknown","architecture":"unknown"}}}}]}}"#
+        )
+    }
+
+    #[test]
+    fn selects_platforms_and_skips_attestations() {
+        let Parsed::Index(idx) = parse_manifest(&raw(&index(), None), "m").unwrap() else {
+            panic!("an index")
+        };
+        assert_eq!(
+            select_platforms(&idx, &Platforms::All, "m").unwrap(),
+            [D1, D2]
+        );
+        let arm = Platforms::parse("linux/arm64").unwrap();
+        assert_eq!(select_platforms(&idx, &arm, "m").unwrap(), [D2]);
+        let err = select_platforms(&idx, &Platforms::parse("linux/s390x").unwrap(), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("it has: linux/amd64, linux/arm64/v8"), "{err}");
+    }
+
+    #[test]
+    fn manifests_by_type_or_shape() {
+        let m = format!(
+            r#"{{"schemaVersion":2,"config":{{"mediaType":"x","digest":"{D1}","size":3}},"layers":[{{"mediaType":"y","digest":"{D2}","size":5}}]}}"#
+        );
+        assert!(matches!(
+            parse_manifest(&raw(&m, Some(IMAGE_MANIFEST_MEDIA_TYPE)), "m"),
+            Ok(Parsed::Image(_))
+        ));
+        let Ok(Parsed::Image(parsed)) = parse_manifest(&raw(&m, None), "m") else {
+            panic!("a manifest by shape")
+        };
+        let mut p = Progress::default();
+        add_blobs(&mut p, &parsed, "m").unwrap();
+        assert_eq!(p.blobs.keys().map(|b| b.size).sum::<u64>(), 8);
+        let err = parse_manifest(
+            &raw(
+                "{}",
+                Some("application/vnd.docker.distribution.manifest.v1+prettyjws"),
+            ),
+            "m",
+        )
+        .err()
+        .unwrap();
+        assert!(!err.retryable(), "{err}");
+    }
+
+    #[test]
+    fn manifest_digest_checks() {
+        let r = raw("{}", None);
+        let actual = manifest_digest(&r, None, "m").unwrap();
+        assert_eq!(
+            actual,
+            "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert!(manifest_digest(&r, Some(&actual), "m").is_ok());
+        assert!(matches!(
+            manifest_digest(&r, Some(D1), "m"),
+            Err(FetchError::DigestMismatch { .. })
+        ));
+    }
+}

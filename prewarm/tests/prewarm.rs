@@ -1,0 +1,314 @@
+//! End-to-end tests: the real `runr-prewarm` binary against a real pull-through cache
+//! (`docker-registry` in proxy mode) in front of a real upstream registry holding images pushed
+//! with skopeo. The proof of a warm cache is always the same: with the upstream stopped,
+//! `skopeo copy docker://cache/… dir:…` succeeds.
+
+mod fixtures;
+
+use std::time::Duration;
+
+use fixtures::{base_env, blob_file, pull_from, run, Desc, Layout, Prewarm, SlowLink};
+use runr_testkit::{free_port, have_tool, Registry};
+
+/// The upstream's test images: `small:1` (one small layer), `multi:1` (amd64 + arm64 +
+/// attestation index) and `big:1` (three random layers of 2 MiB).
+struct Upstream {
+    registry: Registry,
+    layout: Layout,
+    small: Desc,
+    big: Desc,
+}
+
+fn tools_present() -> bool {
+    let ok = have_tool("docker-registry") && have_tool("skopeo");
+    if !ok {
+        println!("skipping: docker-registry or skopeo is not installed (.ci/run installs them)");
+    }
+    ok
+}
+
+fn upstream() -> Upstream {
+    let registry = Registry::start();
+    let layout = Layout::new();
+    let small = layout.image("linux", "amd64", &[20_000]);
+    layout.push(&small, &registry, "small", "1");
+    let multi = layout.multi_platform();
+    layout.push(&multi, &registry, "multi", "1");
+    let big = layout.image("linux", "amd64", &[2 << 20, 2 << 20, 2 << 20]);
+    layout.push(&big, &registry, "big", "1");
+    Upstream {
+        registry,
+        layout,
+        small,
+        big,
+    }
+}
+
+fn env_with(cache: &Registry, images: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = base_env(&cache.host(), images);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
+fn assert_pullable(cache: &Registry, image: &str, args: &[&str]) {
+    if let Err(e) = pull_from(cache, image, args) {
+        panic!(
+            "{image} is not pullable from the cache: {e}\n--- cache log:\n{}",
+            cache.log()
+        );
+    }
+}
+
+#[test]
+fn warms_every_image_and_a_rerun_is_cheap() {
+    if !tools_present() {
+        return;
+    }
+    let mut up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let env = env_with(&cache, "small:1, multi:1\nbig:1", &[]);
+
+    let first = run(&env);
+    assert_eq!(first.code, 0, "{first:?}");
+    let summary = first.summary();
+    assert_eq!(summary["warmed"], 3, "{first:?}");
+    let big = first.image(&summary, "big:1");
+    assert_eq!(big["status"], "warmed");
+    assert_eq!(big["digest"], up.big.digest.as_str());
+    assert_eq!(big["blobs"], 4, "config + 3 layers");
+    assert!(big["bytes"].as_u64().unwrap() > 6 << 20, "{big}");
+    assert_eq!(
+        big["fetched_bytes"], big["bytes"],
+        "a cold cache serves everything"
+    );
+    assert_eq!(big["attempts"], 1);
+    let multi = first.image(&summary, "multi:1");
+    assert_eq!(
+        multi["blobs"], 5,
+        "two configs and three layers; no attestation"
+    );
+    assert!(
+        first.stderr.contains("image warmed image=big:1"),
+        "{first:?}"
+    );
+    assert!(first.stderr.contains("prewarm done"), "{first:?}");
+
+    // Warm cache: every blob answers the Range probe with 206, nothing is read again.
+    let second = run(&env);
+    assert_eq!(second.code, 0, "{second:?}");
+    let summary = second.summary();
+    for image in summary["images"].as_array().unwrap() {
+        assert_eq!(image["fetched_bytes"], 0, "{image}");
+        assert_eq!(image["status"], "warmed");
+    }
+
+    up.registry.stop();
+    assert_pullable(&cache, "small:1", &[]);
+    assert_pullable(&cache, "big:1", &[]);
+    assert_pullable(&cache, "multi:1", &["--override-arch", "amd64"]);
+    assert_pullable(&cache, "multi:1", &["--override-arch", "arm64"]);
+}
+
+#[test]
+fn waits_for_a_cache_that_starts_after_the_job() {
+    if !tools_present() {
+        return;
+    }
+    let mut up = upstream();
+    let port = free_port();
+    let mut env = base_env(&format!("127.0.0.1:{port}"), "small:1 big:1");
+    env.push(("RUNR_PREWARM_LOG".into(), "info".into()));
+    let mut prewarm = Prewarm::start(&env, &["run"]);
+    prewarm.wait_for_log(
+        "waiting for the registry to answer GET /v2/",
+        Duration::from_secs(20),
+    );
+    let cache = Registry::start_proxy_on_port(&up.registry.url(), port);
+    let done = prewarm.finish(Duration::from_secs(60));
+    assert_eq!(done.code, 0, "{done:?}");
+    assert!(done.stderr.contains("registry answers again"), "{done:?}");
+    assert_eq!(done.summary()["warmed"], 2, "{done:?}");
+
+    up.registry.stop();
+    assert_pullable(&cache, "small:1", &[]);
+    assert_pullable(&cache, "big:1", &[]);
+}
+
+#[test]
+fn survives_a_cache_restart_mid_run() {
+    if !tools_present() {
+        return;
+    }
+    let mut up = upstream();
+    // About 1 MiB/s per connection between cache and upstream: the 2 MiB layers take seconds,
+    // so the restart below lands while they stream.
+    let link = SlowLink::start(up.registry.addr(), 1 << 20);
+    let mut cache = Registry::start_proxy(&link.url());
+    let env = env_with(&cache, "big:1 small:1", &[("RUNR_PREWARM_LOG", "info")]);
+    let prewarm = Prewarm::start(&env, &[]);
+    // The manifest is stored first; the blob transfers start right after it.
+    let repo = cache
+        .storage()
+        .join("docker/registry/v2/repositories/big/_manifests");
+    runr_testkit::wait_for(
+        "the cache to store big's manifest",
+        Duration::from_secs(30),
+        || repo.exists().then_some(()),
+    );
+    cache.restart();
+    let done = prewarm.finish(Duration::from_secs(90));
+    assert_eq!(done.code, 0, "{done:?}");
+    assert!(
+        done.stderr.contains("attempt failed"),
+        "the restart must have cut a transfer: {done:?}"
+    );
+    assert_eq!(done.summary()["warmed"], 2, "{done:?}");
+
+    drop(link);
+    up.registry.stop();
+    assert_pullable(&cache, "big:1", &[]);
+    assert_pullable(&cache, "small:1", &[]);
+}
+
+#[test]
+fn a_missing_image_fails_after_its_attempts_and_the_others_are_warmed() {
+    if !tools_present() {
+        return;
+    }
+    let mut up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let env = env_with(&cache, "nope:1,small:1", &[("RUNR_PREWARM_ATTEMPTS", "2")]);
+    let done = run(&env);
+    assert_eq!(done.code, 1, "{done:?}");
+    let summary = done.summary();
+    assert_eq!(
+        (summary["warmed"].as_u64(), summary["failed"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let nope = done.image(&summary, "nope:1");
+    assert_eq!(nope["status"], "failed");
+    assert_eq!(nope["attempts"], 2);
+    let error = nope["error"].as_str().unwrap();
+    assert!(error.contains("manifest nope:1: HTTP 404"), "{error}");
+    assert!(
+        done.stderr.contains("image failed image=nope:1"),
+        "{done:?}"
+    );
+
+    up.registry.stop();
+    assert_pullable(&cache, "small:1", &[]);
+}
+
+#[test]
+fn platform_filter_and_digest_reference() {
+    if !tools_present() {
+        return;
+    }
+    let mut up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let small_by_digest = format!("small@{}", up.small.digest);
+    let env = env_with(
+        &cache,
+        &format!("multi:1 {small_by_digest}"),
+        &[("RUNR_PREWARM_PLATFORMS", "linux/arm64")],
+    );
+    let done = run(&env);
+    assert_eq!(done.code, 0, "{done:?}");
+    let summary = done.summary();
+    assert_eq!(done.image(&summary, "multi:1")["blobs"], 2, "arm64 only");
+    assert_eq!(
+        done.image(&summary, &small_by_digest)["digest"],
+        up.small.digest.as_str()
+    );
+
+    up.registry.stop();
+    assert_pullable(&cache, "multi:1", &["--override-arch", "arm64"]);
+    assert!(
+        pull_from(&cache, "multi:1", &["--override-arch", "amd64"]).is_err(),
+        "amd64 was filtered out and must not be in the cache"
+    );
+    assert_pullable(&cache, &small_by_digest, &[]);
+
+    // A filter that matches nothing fails the image at once, naming what the index has.
+    let env = env_with(
+        &cache,
+        "multi:1",
+        &[("RUNR_PREWARM_PLATFORMS", "linux/s390x")],
+    );
+    let done = run(&env);
+    assert_eq!(done.code, 1, "{done:?}");
+    let summary = done.summary();
+    let multi = done.image(&summary, "multi:1");
+    assert_eq!(multi["attempts"], 1, "not worth retrying: {multi}");
+    assert!(
+        multi["error"]
+            .as_str()
+            .unwrap()
+            .contains("it has: linux/amd64, linux/arm64"),
+        "{multi}"
+    );
+}
+
+#[test]
+fn a_corrupted_upstream_blob_is_reported_as_a_digest_mismatch() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let layer = up.layout.layers_of(&up.big)[1].clone();
+    fixtures::overwrite_same_size(&blob_file(&up.registry, &layer));
+    let cache = Registry::start_proxy(&up.registry.url());
+    let env = env_with(&cache, "big:1 small:1", &[("RUNR_PREWARM_ATTEMPTS", "2")]);
+    let done = run(&env);
+    assert_eq!(done.code, 1, "{done:?}");
+    let summary = done.summary();
+    let big = done.image(&summary, "big:1");
+    let error = big["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("blob big@{layer}: digest mismatch")),
+        "{error}"
+    );
+    assert_eq!(big["attempts"], 2);
+    assert_eq!(done.image(&summary, "small:1")["status"], "warmed");
+}
+
+#[test]
+fn bad_configuration_exits_2_naming_each_variable() {
+    let env: Vec<(String, String)> = [
+        ("RUNR_PREWARM_REGISTRY", "http://cache:5000"),
+        ("RUNR_PREWARM_IMAGES", "python:3.12,,node:22"),
+        ("RUNR_PREWARM_CONCURRENCY", "0"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let done = run(&env);
+    assert_eq!(done.code, 2, "{done:?}");
+    assert!(done.stdout.is_empty(), "{done:?}");
+    for needle in [
+        "RUNR_PREWARM_REGISTRY=\"http://cache:5000\"",
+        "RUNR_PREWARM_IMAGES=\"python:3.12,,node:22\": entry 2 is empty",
+        "RUNR_PREWARM_CONCURRENCY=\"0\"",
+    ] {
+        assert!(done.stderr.contains(needle), "{needle}: {done:?}");
+    }
+    assert_eq!(
+        done.stderr.lines().count(),
+        3,
+        "one line per variable: {done:?}"
+    );
+    assert!(!done.stderr.contains("panicked"), "{done:?}");
+
+    let unknown = Prewarm::start(&env, &["warm"]).finish(Duration::from_secs(10));
+    assert_eq!(unknown.code, 2, "{unknown:?}");
+}
+
+#[test]
+fn version_subcommand() {
+    let done = Prewarm::start(&[], &["version"]).finish(Duration::from_secs(10));
+    assert_eq!(done.code, 0, "{done:?}");
+    assert_eq!(
+        done.stdout.trim(),
+        format!("runr-prewarm {}", env!("CARGO_PKG_VERSION"))
+    );
+}
