@@ -233,10 +233,12 @@ async fn handle(
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         query: parts.uri.query().unwrap_or("").to_string(),
-        // Only a capture needs the client's headers after they went upstream.
-        headers: capture_limit
-            .map(|_| parts.headers.clone())
-            .unwrap_or_default(),
+        // A capture needs the client's headers after they went upstream; a span only the
+        // user agent.
+        headers: match capture_limit {
+            Some(_) => parts.headers.clone(),
+            None => user_agent_only(&parts.headers),
+        },
         kept: Arc::new(Mutex::new(Kept::default())),
         started,
         cold_start,
@@ -362,6 +364,14 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     {
         headers.remove(name);
     }
+}
+
+fn user_agent_only(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    if let Some(ua) = headers.get(http::header::USER_AGENT) {
+        kept.insert(http::header::USER_AGENT, ua.clone());
+    }
+    kept
 }
 
 fn wrapper_response(reply: Reply) -> hyper::Response<DownBody> {

@@ -7,4 +7,6 @@ mod http_mode;
 mod lifecycle;
 mod observed_support;
 mod persistent;
+mod proxy;
+mod replay;
 mod support;
