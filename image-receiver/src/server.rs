@@ -257,7 +257,10 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
             return chunk_error(e);
         }
     }
-    json(StatusCode::OK, &writer.finish())
+    match writer.finish() {
+        Ok(status) => json(StatusCode::OK, &status),
+        Err(e) => chunk_error(e),
+    }
 }
 
 /// `POST /complete`.

@@ -319,6 +319,7 @@ impl Upload {
             start: offset,
             pos: offset,
             generation,
+            pieces: Vec::new(),
         })
     }
 
@@ -449,9 +450,15 @@ impl Upload {
         self.hasher.reset();
     }
 
-    /// Writes `data` at `pos` (only the bytes nobody holds or writes), records them, and moves
-    /// the hasher on when the contiguous prefix grew.
-    fn write_at(&self, generation: u64, pos: u64, data: &[Bytes]) -> Result<(), ChunkError> {
+    /// Writes `data` at `pos`, only the bytes nobody holds or is writing: those are claimed
+    /// for the chunk and returned, to be recorded when the whole chunk is in
+    /// ([`ChunkWriter::finish`]) or released when it is not.
+    fn write_at(
+        &self,
+        generation: u64,
+        pos: u64,
+        data: &[Bytes],
+    ) -> Result<Vec<(u64, u64)>, ChunkError> {
         let len: u64 = data.iter().map(|b| b.len() as u64).sum();
         let end = pos + len;
         let pieces = {
@@ -468,26 +475,38 @@ impl Upload {
             }
             pieces
         };
-        let mut result = Ok(());
         for &(s, e) in &pieces {
             if let Err(source) = write_piece(&self.file, pos, data, s, e) {
-                result = Err(ChunkError::Write {
+                self.release(&pieces);
+                return Err(ChunkError::Write {
                     path: self.data_path.clone(),
                     source,
                 });
-                break;
             }
         }
+        Ok(pieces)
+    }
+
+    /// Gives up the claims of a chunk that did not arrive whole.
+    fn release(&self, pieces: &[(u64, u64)]) {
         let mut inner = self.lock();
-        for &(s, e) in &pieces {
+        for &(s, e) in pieces {
+            inner.claimed.remove(s, e);
+        }
+    }
+
+    /// Records the pieces a whole chunk wrote, and moves the hasher on when the contiguous
+    /// prefix grew.
+    fn record(&self, generation: u64, pieces: &[(u64, u64)]) -> Result<(), ChunkError> {
+        let mut inner = self.lock();
+        for &(s, e) in pieces {
             inner.claimed.remove(s, e);
         }
         if inner.generation != generation {
             return Err(ChunkError::Reopened);
         }
-        result?;
         let before = inner.received.contiguous_prefix();
-        for &(s, e) in &pieces {
+        for &(s, e) in pieces {
             inner.received.insert(s, e);
         }
         let after = inner.received.contiguous_prefix();
@@ -610,12 +629,16 @@ fn write_piece(file: &File, pos: u64, data: &[Bytes], s: u64, e: u64) -> io::Res
 
 // === impl ChunkWriter ===
 
-/// One chunk being received: its bytes go to the data file in batches as they arrive.
+/// One chunk being received: its bytes go to the data file in batches as they arrive, and are
+/// recorded as held only once the whole chunk is in, so a refused or broken chunk leaves
+/// nothing behind.
 pub struct ChunkWriter {
     upload: Arc<Upload>,
     start: u64,
     pos: u64,
     generation: u64,
+    /// Ranges this chunk claimed and wrote.
+    pieces: Vec<(u64, u64)>,
 }
 
 impl ChunkWriter {
@@ -648,22 +671,31 @@ impl ChunkWriter {
         self.check_room(len)?;
         let upload = self.upload.clone();
         let (generation, pos) = (self.generation, self.pos);
-        tokio::task::spawn_blocking(move || upload.write_at(generation, pos, &data))
+        let pieces = tokio::task::spawn_blocking(move || upload.write_at(generation, pos, &data))
             .await
             .map_err(|e| ChunkError::Write {
                 path: self.upload.data_path.clone(),
                 source: io::Error::other(e),
             })??;
+        self.pieces.extend(pieces);
         self.pos += len;
         Ok(())
     }
 
-    /// Records the chunk in the state file and answers the new status.
-    pub fn finish(self) -> Status {
-        // The ranges were recorded in memory as they were written; the state file catches up
-        // here, once per chunk.
+    /// Records the whole chunk (in memory, then in the state file) and answers the new status.
+    pub fn finish(mut self) -> Result<Status, ChunkError> {
+        let pieces = std::mem::take(&mut self.pieces);
+        self.upload.record(self.generation, &pieces)?;
         self.upload.persist_or_log();
-        self.upload.status()
+        Ok(self.upload.status())
+    }
+}
+
+impl Drop for ChunkWriter {
+    fn drop(&mut self) {
+        if !self.pieces.is_empty() {
+            self.upload.release(&self.pieces);
+        }
     }
 }
 

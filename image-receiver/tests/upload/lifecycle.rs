@@ -1,0 +1,152 @@
+//! Resume after SIGKILL, verification (mismatch reopens), results that outlive a restart, and
+//! a real push of a wasm module.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use runr_testkit::Registry;
+
+use crate::harness::*;
+
+const MIB: usize = 1024 * 1024;
+
+fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    (tmp, dir)
+}
+
+#[test]
+fn resumes_after_sigkill_with_the_same_counts() {
+    let data = random_bytes(4 * MIB + 999, 10);
+    let (_tmp, dir) = tempdir();
+    let mut r = Receiver::for_data(&dir, &data, &[]);
+    // The first MiB, and a piece in the middle: a prefix and a gap.
+    assert_eq!(r.put(0, &data[..MIB]).0, 200);
+    assert_eq!(r.put(2 * MIB as u64, &data[2 * MIB..3 * MIB]).0, 200);
+    let before = r.status();
+    assert_eq!(before["uploaded_bytes"], MIB as u64);
+    assert_eq!(before["received_bytes"], 2 * MIB as u64);
+
+    r.kill9_and_restart();
+    let after = r.status();
+    assert_eq!(
+        after, before,
+        "a restarted receiver must report what it answered"
+    );
+
+    // The client goes on from uploaded_bytes; the running digest covers what came before the
+    // kill (re-hashed once at start).
+    assert_eq!(r.put(MIB as u64, &data[MIB..2 * MIB]).0, 200);
+    assert_eq!(r.status()["uploaded_bytes"], 3 * MIB as u64);
+    r.kill9_and_restart();
+    assert_eq!(r.put(3 * MIB as u64, &data[3 * MIB..]).0, 200);
+    assert_eq!(r.status()["uploaded_bytes"], data.len() as u64);
+    assert!(r.data_file() == data);
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("verification to pass", |s| s["status"] == "failed");
+    assert!(!s["message"].as_str().unwrap().contains("SHA-256"), "{s}");
+
+    // The result outlives a restart too: the control plane may poll a new container.
+    r.kill9_and_restart();
+    let again = r.status();
+    assert_eq!(again, s);
+    assert_eq!(r.complete().0, 200);
+}
+
+#[test]
+fn state_of_another_upload_is_discarded() {
+    let data = random_bytes(MIB, 11);
+    let (_tmp, dir) = tempdir();
+    {
+        let r = Receiver::for_data(&dir, &data, &[]);
+        assert_eq!(r.put(0, &data[..1000]).0, 200);
+    }
+    // Same directory, another declared file.
+    let other = random_bytes(MIB, 12);
+    let r = Receiver::for_data(&dir, &other, &[]);
+    let s = r.status();
+    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["received_bytes"], 0, "{s}");
+    assert!(r.log().contains("another upload"), "{}", r.log());
+}
+
+#[test]
+fn digest_mismatch_reopens_the_upload() {
+    let data = random_bytes(2 * MIB, 20);
+    let declared = sha256_hex(b"something else");
+    let (_tmp, dir) = tempdir();
+    let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_SHA256", &declared)]);
+    assert_eq!(r.put(MIB as u64, &data[MIB..]).0, 200);
+    assert_eq!(r.put(0, &data[..MIB]).0, 200);
+    let (code, body) = r.complete();
+    assert_eq!(code, 202, "{body}");
+    let s = r.wait_status("the upload to be reopened", |s| {
+        s["status"] == "ready" && s["message"].is_string()
+    });
+    assert_eq!(s["uploaded_bytes"], 0);
+    assert_eq!(s["received_bytes"], 0);
+    let message = s["message"].as_str().unwrap();
+    let actual = sha256_hex(&data);
+    assert!(message.contains(&actual), "{message}");
+    assert!(message.contains(&declared), "{message}");
+    assert!(r.data_file().is_empty(), "the space is given back");
+
+    // The upload takes chunks again, and completing it again checks again.
+    assert_eq!(r.complete().0, 409);
+    assert_eq!(r.put(0, &data).0, 200);
+    assert_eq!(r.status()["uploaded_bytes"], data.len() as u64);
+    assert_eq!(r.complete().0, 202);
+    r.wait_status("the second check", |s| {
+        s["status"] == "ready" && s["received_bytes"] == 0
+    });
+}
+
+#[test]
+fn sigterm_stops_cleanly() {
+    let data = random_bytes(1000, 30);
+    let (_tmp, dir) = tempdir();
+    let mut r = Receiver::for_data(&dir, &data, &[]);
+    r.child.signal(Signal::SIGTERM);
+    let status = r.child.wait_timeout(Duration::from_secs(15));
+    assert!(status.success(), "{status}: {}", r.log());
+}
+
+#[test]
+fn wasm_module_is_pushed_and_its_digest_read_back() {
+    let registry = Registry::start();
+    // The smallest valid module: magic and version.
+    let module = b"\0asm\x01\0\0\0".to_vec();
+    let target = format!("{}/runr-uploads/test/q:1.0", registry.host());
+    let (_tmp, dir) = tempdir();
+    let r = Receiver::for_data(
+        &dir,
+        &module,
+        &[
+            ("RUNR_UPLOAD_TARGET", &target),
+            ("RUNR_UPLOAD_FILENAME", "q.wasm"),
+            ("RUNR_UPLOAD_NAME", "q:1.0"),
+        ],
+    );
+    assert_eq!(r.put(4, &module[4..]).0, 200);
+    assert_eq!(r.put(0, &module[..4]).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let image = &s["image"];
+    assert_eq!(image["kind"], "wasm", "{s}");
+    assert_eq!(image["source_format"], "wasm", "{s}");
+    assert_eq!(image["tag_ref"], target, "{s}");
+    let digest = image["digest"].as_str().unwrap();
+    // The registry has the tag, at the digest the receiver reports.
+    let inspect = runr_testkit::skopeo(&[
+        "inspect",
+        "--tls-verify=false",
+        "--raw",
+        &format!("docker://{target}"),
+    ]);
+    assert_eq!(format!("sha256:{}", sha256_hex(inspect.as_bytes())), digest);
+}
