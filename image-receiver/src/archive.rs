@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
+use std::io::{self, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -115,6 +115,10 @@ impl Archive {
     /// Indexes the archive in `file` (which stays open for later reads).
     pub fn index(file: File) -> Result<Archive, ArchiveError> {
         let have = file.metadata().map_err(ArchiveError::Read)?.len();
+        // The file may come straight from being written (a decompressed .tar.gz).
+        (&file)
+            .seek(io::SeekFrom::Start(0))
+            .map_err(ArchiveError::Read)?;
         let mut entries = HashMap::new();
         {
             let mut tar = tar::Archive::new(&file);

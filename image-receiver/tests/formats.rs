@@ -1,0 +1,772 @@
+//! The image half against a real registry (`docker-registry`) with inputs made by real tools
+//! (tests/fixtures/make.sh: umoci, skopeo, gzip; `docker save` where an engine answers).
+//! Every valid input is pulled back with skopeo and checked blob by blob (digests and diff_ids);
+//! every bad one must fail with a message naming the problem and leave no tag behind.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use runr_image_upload::archive::Archive;
+use runr_image_upload::pipeline::{
+    process, process_with, Compress, ImageInfo, Kind, ProcessOptions, SourceFormat,
+};
+use runr_registry::{Backoff, RegistryConfig};
+use runr_testkit::{docker_available, http_get_status, skopeo, Registry};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+/// The fixtures, built once per test binary.
+fn fixtures() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("runr-fixtures-")
+            .tempdir()
+            .unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/make.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(dir.path())
+            .output()
+            .expect("run make.sh");
+        assert!(
+            out.status.success(),
+            "make.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .path()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures().join(name)
+}
+
+struct Case {
+    work: tempfile::TempDir,
+    target: String,
+    repo: String,
+    tag: String,
+}
+
+fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
+    Case {
+        work: tempfile::tempdir().unwrap(),
+        target: format!("{}/{repo}:{tag}", reg.host()),
+        repo: repo.to_string(),
+        tag: tag.to_string(),
+    }
+}
+
+fn options(c: &Case, file: &Path, name: Option<&str>, compress: Compress) -> ProcessOptions {
+    ProcessOptions {
+        work_dir: c.work.path().to_path_buf(),
+        target: c.target.clone(),
+        upload_name: name.map(str::to_string),
+        filename: file.file_name().map(|n| n.to_string_lossy().into_owned()),
+        compress,
+        registry: RegistryConfig {
+            plain_http: true,
+            ..RegistryConfig::default()
+        },
+        declared_size: std::fs::metadata(file).map(|m| m.len()).unwrap_or(0),
+    }
+}
+
+fn fast() -> Backoff {
+    Backoff {
+        base: Duration::from_millis(20),
+        max: Duration::from_millis(100),
+    }
+}
+
+fn sha256_file(path: &Path) -> String {
+    format!(
+        "sha256:{}",
+        hex(&Sha256::digest(std::fs::read(path).unwrap()))
+    )
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Pulls the tag back with skopeo into a dir: and checks every image manifest in it: each blob
+/// hashes to its name, each layer decompresses to its diff_id. Returns the manifests checked.
+fn verify_pulled(reg: &Registry, c: &Case, all: bool) -> usize {
+    let out = tempfile::tempdir().unwrap();
+    let src = format!("docker://{}/{}:{}", reg.host(), c.repo, c.tag);
+    let dest = format!("dir:{}", out.path().display());
+    let mut args = vec!["copy", "-q", "--src-tls-verify=false"];
+    if all {
+        args.push("--all");
+    }
+    args.extend([src.as_str(), dest.as_str()]);
+    skopeo(&args);
+    let mut checked = 0;
+    for entry in std::fs::read_dir(out.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with("manifest.json") {
+            continue;
+        }
+        let m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let Some(layers) = m["layers"].as_array() else {
+            continue;
+        };
+        let blob = |d: &str| out.path().join(d.strip_prefix("sha256:").unwrap());
+        let config_digest = m["config"]["digest"].as_str().unwrap();
+        assert_eq!(sha256_file(&blob(config_digest)), config_digest);
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(blob(config_digest)).unwrap()).unwrap();
+        let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
+        assert_eq!(diff_ids.len(), layers.len(), "{name}");
+        for (layer, diff_id) in layers.iter().zip(diff_ids) {
+            let d = layer["digest"].as_str().unwrap();
+            let data = std::fs::read(blob(d)).unwrap();
+            assert_eq!(format!("sha256:{}", hex(&Sha256::digest(&data))), d);
+            assert_eq!(layer["size"].as_u64().unwrap(), data.len() as u64);
+            let raw = if data.starts_with(&[0x1f, 0x8b]) {
+                let mut v = Vec::new();
+                flate2::read::MultiGzDecoder::new(&data[..])
+                    .read_to_end(&mut v)
+                    .unwrap();
+                v
+            } else {
+                data
+            };
+            assert_eq!(
+                format!("sha256:{}", hex(&Sha256::digest(&raw))),
+                diff_id.as_str().unwrap(),
+                "layer {d} of {name}"
+            );
+        }
+        checked += 1;
+    }
+    checked
+}
+
+fn assert_no_tag(reg: &Registry, c: &Case) {
+    let status = http_get_status(reg.addr(), &format!("/v2/{}/manifests/{}", c.repo, c.tag));
+    assert_eq!(status, Some(404), "a tag was left behind for {}", c.target);
+}
+
+/// The digest umoci's layout gives the image tagged `tag`.
+fn layout_digest(tag: &str) -> String {
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(fixture("oci/index.json")).unwrap()).unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn assert_tag_is(reg: &Registry, c: &Case, info: &ImageInfo) {
+    let raw = skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{}/{}:{}", reg.host(), c.repo, c.tag),
+    ]);
+    assert_eq!(
+        format!("sha256:{}", hex(&Sha256::digest(raw.as_bytes()))),
+        info.digest
+    );
+    assert_eq!(info.tag_ref, c.target);
+    assert_eq!(
+        info.image_ref,
+        format!("{}/{}@{}", reg.host(), c.repo, info.digest)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_archive_is_pushed_byte_for_byte() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/app", "1.0");
+    let file = fixture("oci-archive.tar");
+    let info = process(&file, &options(&c, &file, Some("app:1.0"), Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(info.digest, layout_digest("v1"));
+    assert_eq!(info.source_format, SourceFormat::Oci);
+    assert_eq!(info.kind, Kind::Image);
+    assert_eq!(info.layers, 2);
+    assert_eq!(info.platforms, ["linux/amd64"]);
+    assert_eq!(info.note, None);
+    assert_tag_is(&reg, &c, &info);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+
+    // Again: every blob is there, the digest is the same.
+    let again = process(&file, &options(&c, &file, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(again, info);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_archives_classic_gzip_none_links_and_whole_gzip() {
+    let reg = Registry::start();
+    for (file, compress, tag) in [
+        ("docker-raw.tar", Compress::Gzip, "gzip"),
+        ("docker-raw.tar", Compress::None, "none"),
+        ("docker-archive.tar", Compress::Gzip, "symlinks"),
+        ("docker-gzlayers.tar", Compress::None, "gzlayers"),
+        ("docker-raw.tar.gz", Compress::Gzip, "targz"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/classic", tag);
+        let path = fixture(file);
+        let info = process(&path, &options(&c, &path, None, compress))
+            .await
+            .unwrap_or_else(|e| panic!("{file} ({tag}): {e}"));
+        assert_eq!(info.source_format, SourceFormat::Docker, "{file}");
+        assert_eq!(info.layers, 2, "{file}");
+        assert_eq!(info.platforms, ["linux/amd64"], "{file}");
+        assert_tag_is(&reg, &c, &info);
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+        let manifest: Value = serde_json::from_str(&skopeo(&[
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            &format!("docker://{}", c.target),
+        ]))
+        .unwrap();
+        let want = if compress == Compress::None && file == "docker-raw.tar" {
+            "application/vnd.oci.image.layer.v1.tar"
+        } else {
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        };
+        for l in manifest["layers"].as_array().unwrap() {
+            assert_eq!(l["mediaType"], want, "{file} ({tag})");
+        }
+        // No temporary file is left in the work directory.
+        assert_eq!(std::fs::read_dir(c.work.path()).unwrap().count(), 0);
+    }
+    // A second upload of the same file to the same tag reuses the compressed layers.
+    let c = case(&reg, "runr-uploads/platform/classic", "gzip");
+    let path = fixture("docker-raw.tar");
+    let first = skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{}", c.target),
+    ]);
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(
+        info.digest,
+        format!("sha256:{}", hex(&Sha256::digest(first.as_bytes())))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_platform_complete_and_partial() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/multi", "1.0");
+    let path = fixture("multi.tar");
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    let layout = std::fs::read_to_string(fixture("multi.digest")).unwrap();
+    assert_eq!(info.digest, layout.trim());
+    assert_eq!(info.media_type, "application/vnd.oci.image.index.v1+json");
+    assert_eq!(info.platforms, ["linux/amd64", "linux/arm64"]);
+    assert_eq!(info.layers, 3);
+    assert_eq!(info.note, None);
+    assert_tag_is(&reg, &c, &info);
+    assert_eq!(verify_pulled(&reg, &c, true), 2);
+
+    let c = case(&reg, "runr-uploads/platform/partial", "1.0");
+    let path = fixture("multi-partial.tar");
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(info.platforms, ["linux/amd64"]);
+    assert_eq!(
+        info.media_type,
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let note = info.note.clone().expect("a note");
+    assert!(note.contains("linux/arm64"), "{note}");
+    assert_tag_is(&reg, &c, &info);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_images_are_narrowed_by_name() {
+    let reg = Registry::start();
+    let path = fixture("two-images.tar");
+    let c = case(&reg, "runr-uploads/platform/two", "v2");
+    let err = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("holds 2 images"), "{err}");
+    assert!(err.to_string().contains("one image per file"), "{err}");
+    assert_no_tag(&reg, &c);
+
+    let err = process(&path, &options(&c, &path, Some("app:v9"), Compress::Gzip))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("none of them named like"), "{err}");
+    assert_no_tag(&reg, &c);
+
+    // ref.name holds only a tag: it matches the upload's tag.
+    let info = process(
+        &path,
+        &options(&c, &path, Some("corpus/app:v2"), Compress::Gzip),
+    )
+    .await
+    .unwrap();
+    assert_eq!(info.digest, layout_digest("v2"));
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_module_is_pushed_and_fetched_back() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/q", "1.0");
+    let path = fixture("module.wasm");
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(info.kind, Kind::Wasm);
+    assert_eq!(info.source_format, SourceFormat::Wasm);
+    assert_eq!(info.platforms, ["wasip1/wasm"]);
+    let manifest: Value = serde_json::from_str(&skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{}", c.target),
+    ]))
+    .unwrap();
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.wasm.config.v0+json"
+    );
+    assert_eq!(manifest["layers"][0]["mediaType"], "application/wasm");
+    assert_eq!(manifest["layers"][0]["digest"], sha256_file(&path));
+
+    let dest = c.work.path().join("fetched.wasm");
+    let cfg = RegistryConfig {
+        plain_http: true,
+        ..RegistryConfig::default()
+    };
+    runr_image_upload::fetch::fetch(&info.image_ref, &dest, &cfg)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&path).unwrap());
+    // Through the real binary too, by tag.
+    let dest2 = c.work.path().join("by-tag.wasm");
+    let out = Command::new(env!("CARGO_BIN_EXE_runr-image-upload"))
+        .args(["fetch", &info.tag_ref])
+        .arg(&dest2)
+        .env("RUNR_REGISTRY_PLAIN_HTTP", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&dest2).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+    // An image is not a module.
+    let c2 = case(&reg, "runr-uploads/platform/img", "1");
+    let img = fixture("oci-archive.tar");
+    let pushed = process(&img, &options(&c2, &img, None, Compress::Gzip))
+        .await
+        .unwrap();
+    let err = runr_image_upload::fetch::fetch(&pushed.tag_ref, &dest, &cfg)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not a WebAssembly module"),
+        "{err}"
+    );
+}
+
+// === bad inputs ===
+
+fn tar_with(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in entries {
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0; 1024]);
+    out
+}
+
+fn tar_dir(dir: &Path) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", dir).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// A copy of `file` with one byte changed in the middle of archive entry `entry`.
+fn corrupt(file: &Path, entry: &str) -> Vec<u8> {
+    let span = Archive::open(file).unwrap().find(entry).unwrap();
+    let mut data = std::fs::read(file).unwrap();
+    data[(span.offset + span.len / 2) as usize] ^= 0x55;
+    data
+}
+
+fn first_layer(archive: &Path) -> String {
+    let a = Archive::open(archive).unwrap();
+    let index: Value = serde_json::from_slice(&a.read("index.json", 1 << 20).unwrap()).unwrap();
+    let m = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest: Value = serde_json::from_slice(
+        &a.read(&format!("blobs/sha256/{}", &m[7..]), 1 << 20)
+            .unwrap(),
+    )
+    .unwrap();
+    manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn docker_raw_layer(archive: &Path) -> String {
+    let a = Archive::open(archive).unwrap();
+    let m: Value = serde_json::from_slice(&a.read("manifest.json", 1 << 20).unwrap()).unwrap();
+    m[0]["Layers"][0].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
+    let reg = Registry::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let oci = fixture("oci-archive.tar");
+    let raw = fixture("docker-raw.tar");
+    let oci_bytes = std::fs::read(&oci).unwrap();
+    let layer = first_layer(&oci);
+
+    // The layout without one layer blob.
+    let missing_dir = scratch.path().join("missing");
+    Command::new("cp")
+        .args(["-r"])
+        .arg(fixture("oci"))
+        .arg(&missing_dir)
+        .status()
+        .unwrap();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(missing_dir.join("index.json")).unwrap()).unwrap();
+    let v2 = layout_digest("v2");
+    let keep: Vec<&Value> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["digest"] == v2.as_str())
+        .collect();
+    std::fs::write(
+        missing_dir.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": keep})).unwrap(),
+    )
+    .unwrap();
+    let m: Value = serde_json::from_slice(
+        &std::fs::read(missing_dir.join(format!("blobs/sha256/{}", &v2[7..]))).unwrap(),
+    )
+    .unwrap();
+    let gone = m["layers"][0]["digest"].as_str().unwrap().to_string();
+    std::fs::remove_file(missing_dir.join(format!("blobs/sha256/{}", &gone[7..]))).unwrap();
+
+    // A gzip bomb: 600 members of 1 MiB of zeros each, ~600 KiB on disk.
+    let member = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![0u8; 1 << 20]).unwrap();
+        e.finish().unwrap()
+    };
+    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 600)
+        .flatten()
+        .copied()
+        .collect();
+
+    let nested = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let random: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+
+    let cases: Vec<(&str, Vec<u8>, String)> = vec![
+        (
+            "truncated",
+            oci_bytes[..oci_bytes.len() * 2 / 3].to_vec(),
+            "truncated".into(),
+        ),
+        (
+            "corrupt-oci-layer",
+            corrupt(&oci, &format!("blobs/sha256/{}", &layer[7..])),
+            format!("{layer} in the file does not match its digest"),
+        ),
+        (
+            "corrupt-docker-layer",
+            corrupt(&raw, &docker_raw_layer(&raw)),
+            "in the file does not match its".into(),
+        ),
+        (
+            "corrupt-docker-layer-gzip",
+            corrupt(&raw, &docker_raw_layer(&raw)),
+            "does not match its diff_id".into(),
+        ),
+        (
+            "missing-blob",
+            tar_dir(&missing_dir),
+            format!("layer {gone} is not in the file"),
+        ),
+        (
+            "traversal",
+            tar_with(&[(b"manifest.json", b"[]"), (b"../../etc/x", b"boom")]),
+            "\"../../etc/x\" points outside the archive".into(),
+        ),
+        ("gzip-bomb", bomb, "expands to more than".into()),
+        (
+            "json-bomb",
+            tar_with(&[(b"manifest.json", &vec![b' '; 5 << 20])]),
+            "manifest.json\" is 5242880 bytes, more than the 4194304".into(),
+        ),
+        (
+            "json-nesting",
+            tar_with(&[(b"manifest.json", nested.as_bytes())]),
+            "manifest.json in the archive is not valid".into(),
+        ),
+        ("random", random, "neither a docker save archive".into()),
+    ];
+    for (name, data, want) in cases {
+        let c = case(&reg, "runr-uploads/platform/bad", name);
+        let path = scratch.path().join(format!("{name}.tar"));
+        std::fs::write(&path, &data).unwrap();
+        let compress = if name.ends_with("-gzip") {
+            Compress::Gzip
+        } else {
+            Compress::None
+        };
+        let mut opts = options(&c, &path, None, compress);
+        // The gzip bomb stops at the declared size + 512 MiB, whatever it claims.
+        opts.declared_size = data.len() as u64;
+        let err = process(&path, &opts)
+            .await
+            .expect_err(&format!("{name} must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains(&want), "{name}: {msg:?} lacks {want:?}");
+        assert!(msg.starts_with(&format!("{name}.tar: ")), "{name}: {msg}");
+        assert_no_tag(&reg, &c);
+        assert_eq!(
+            std::fs::read_dir(c.work.path()).unwrap().count(),
+            0,
+            "{name} left files in the work dir"
+        );
+    }
+}
+
+// === registry trouble ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_down_fails_with_the_connection_error() {
+    let mut reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/down", "1");
+    reg.stop();
+    let path = fixture("oci-archive.tar");
+    let err = process_with(&path, &options(&c, &path, None, Compress::Gzip), fast())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("the registry {}", reg.host())),
+        "{msg}"
+    );
+    assert!(msg.to_lowercase().contains("connect"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_answering_500_twice_then_recovering() {
+    let reg = Registry::start();
+    let (proxy, failed) = flaky_proxy(reg.addr(), 2);
+    let mut c = case(&reg, "runr-uploads/platform/flaky", "1");
+    c.target = format!("{proxy}/{}:{}", c.repo, c.tag);
+    let path = fixture("docker-raw.tar");
+    let info = process_with(&path, &options(&c, &path, None, Compress::Gzip), fast())
+        .await
+        .unwrap();
+    assert_eq!(failed.load(Ordering::SeqCst), 2);
+    assert_eq!(info.tag_ref, c.target);
+    c.target = format!("{}/{}:{}", reg.host(), c.repo, c.tag);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+
+    // A registry that keeps failing: the upload fails with the registry's own message.
+    let (proxy, _) = flaky_proxy(reg.addr(), usize::MAX);
+    let mut c = case(&reg, "runr-uploads/platform/flaky", "2");
+    c.target = format!("{proxy}/{}:{}", c.repo, c.tag);
+    let err = process_with(&path, &options(&c, &path, None, Compress::Gzip), fast())
+        .await
+        .unwrap_err();
+    // A HEAD answer has no body: the status line is all the registry said.
+    assert!(
+        err.to_string().contains("500 Internal Server Error"),
+        "{err}"
+    );
+}
+
+/// A loopback proxy in front of `upstream` that answers the first `fail` requests (other than
+/// the `GET /v2/` probe) with 500 and forwards the rest, one request per connection.
+fn flaky_proxy(upstream: SocketAddr, fail: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let counter = failed.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let _ = serve_one(conn, upstream, fail, &counter);
+            });
+        }
+    });
+    (addr, failed)
+}
+
+fn serve_one(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    fail: usize,
+    failed: &AtomicUsize,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_string();
+    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    let length: u64 = headers
+        .iter()
+        .find_map(|h| {
+            let (k, v) = h.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let probe = request_line.starts_with("GET /v2/ ");
+    if !probe
+        && failed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < fail).then_some(n + 1)
+            })
+            .is_ok()
+    {
+        std::io::copy(&mut (&client).take(length), &mut std::io::sink())?;
+        let body = r#"{"errors":[{"code":"UNKNOWN","message":"injected failure"}]}"#;
+        write!(
+            client,
+            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        return Ok(());
+    }
+    let mut up = TcpStream::connect(upstream)?;
+    let mut forwarded = format!("{request_line}\r\n");
+    for h in &headers {
+        if !h.to_ascii_lowercase().starts_with("connection:") {
+            forwarded.push_str(h);
+            forwarded.push_str("\r\n");
+        }
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    up.write_all(forwarded.as_bytes())?;
+    std::io::copy(&mut (&client).take(length), &mut up)?;
+    std::io::copy(&mut up, &mut client)?;
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+// === docker save ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_save_of_a_scratch_image() {
+    if !docker_available() {
+        println!("skipped: docker info does not answer");
+        return;
+    }
+    let reg = Registry::start();
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(ctx.path().join("hello.txt"), "hello\n").unwrap();
+    std::fs::write(ctx.path().join("bye.txt"), "bye\n").unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM scratch\nCOPY hello.txt /\nCOPY bye.txt /\n",
+    )
+    .unwrap();
+    let tag_a = format!("runr-test/app-{}:v1", std::process::id());
+    let tag_b = format!("runr-test/other-{}:v2", std::process::id());
+    let docker = |args: &[&str]| {
+        let out = Command::new("docker").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ctx_path = ctx.path().to_str().unwrap();
+    docker(&["build", "-q", "-t", &tag_a, ctx_path]);
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM scratch\nCOPY bye.txt /\n",
+    )
+    .unwrap();
+    docker(&["build", "-q", "-t", &tag_b, ctx_path]);
+    let one = ctx.path().join("one.tar");
+    let two = ctx.path().join("two.tar");
+    docker(&["save", "-o", one.to_str().unwrap(), &tag_a]);
+    docker(&["save", "-o", two.to_str().unwrap(), &tag_a, &tag_b]);
+    let cleanup = || {
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &tag_a, &tag_b])
+            .output();
+    };
+
+    let c = case(&reg, "runr-uploads/platform/saved", "v1");
+    let info = process(&one, &options(&c, &one, None, Compress::Gzip)).await;
+    let c2 = case(&reg, "runr-uploads/platform/saved", "v2");
+    let picked = process(
+        &two,
+        &options(
+            &c2,
+            &two,
+            Some(&format!("docker.io/{tag_b}")),
+            Compress::None,
+        ),
+    )
+    .await;
+    cleanup();
+    let info = info.unwrap();
+    assert_eq!(info.source_format, SourceFormat::Docker);
+    assert_eq!(info.layers, 2);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+    let picked = picked.unwrap();
+    assert_eq!(picked.layers, 1);
+    assert_eq!(verify_pulled(&reg, &c2, false), 1);
+}
