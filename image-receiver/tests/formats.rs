@@ -3,6 +3,11 @@
 //! Every valid input is pulled back with skopeo and checked blob by blob (digests and diff_ids);
 //! every bad one must fail with a message naming the problem and leave no tag behind.
 
+// The upload half's harness: the real binary on a free port and a tiny HTTP client.
+#[allow(dead_code)]
+#[path = "upload/harness.rs"]
+mod harness;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -769,4 +774,73 @@ async fn docker_save_of_a_scratch_image() {
     let picked = picked.unwrap();
     assert_eq!(picked.layers, 1);
     assert_eq!(verify_pulled(&reg, &c2, false), 1);
+}
+
+// === end to end through the real binary ===
+
+#[test]
+fn docker_archive_uploaded_through_the_chunk_api() {
+    let reg = Registry::start();
+    let data = std::fs::read(fixture("docker-raw.tar")).unwrap();
+    let c = case(&reg, "runr-uploads/platform/e2e", "v1");
+    let dir = c.work.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let r = harness::Receiver::for_data(
+        &dir,
+        &data,
+        &[
+            ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "app.tar"),
+            ("RUNR_UPLOAD_NAME", "corpus/app:v1"),
+        ],
+    );
+    // Chunks of 4 KiB, last first.
+    let chunks: Vec<(usize, &[u8])> = data.chunks(4096).enumerate().collect();
+    for (i, chunk) in chunks.iter().rev() {
+        assert_eq!(r.put((i * 4096) as u64, chunk).0, 200);
+    }
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let image = &s["image"];
+    assert_eq!(image["source_format"], "docker", "{s}");
+    assert_eq!(image["kind"], "image", "{s}");
+    assert_eq!(image["layers"], 2, "{s}");
+    assert_eq!(
+        image["platforms"],
+        serde_json::json!(["linux/amd64"]),
+        "{s}"
+    );
+    assert_eq!(image["tag_ref"], c.target.as_str(), "{s}");
+    assert!(image["note"].is_null(), "{s}");
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+
+    // A damaged archive that still matches its declared SHA-256 fails in the file's own terms.
+    let bad = corrupt(
+        &fixture("docker-raw.tar"),
+        &docker_raw_layer(&fixture("docker-raw.tar")),
+    );
+    let c = case(&reg, "runr-uploads/platform/e2e", "bad");
+    let dir = c.work.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let r = harness::Receiver::for_data(
+        &dir,
+        &bad,
+        &[
+            ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "app.tar"),
+        ],
+    );
+    assert_eq!(r.put(0, &bad).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to fail", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    assert_eq!(s["status"], "failed", "{s}");
+    let msg = s["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("app.tar: layer "), "{s}");
+    assert!(msg.contains("the file is damaged"), "{s}");
+    assert_no_tag(&reg, &c);
 }
