@@ -309,6 +309,51 @@ async fn multi_platform_complete_and_partial() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_indexes_and_a_partial_index_of_three() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/nested", "1.0");
+    let path = fixture("nested.tar");
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    let layout = std::fs::read_to_string(fixture("nested.digest")).unwrap();
+    assert_eq!(info.digest, layout.trim());
+    assert_eq!(info.platforms, ["linux/amd64", "linux/arm64"]);
+    assert_tag_is(&reg, &c, &info);
+
+    // Two of three platforms complete: a new index of those two.
+    let c = case(&reg, "runr-uploads/platform/three", "1.0");
+    let path = fixture("multi3-partial.tar");
+    let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(info.media_type, "application/vnd.oci.image.index.v1+json");
+    assert_eq!(info.platforms, ["linux/amd64", "linux/s390x"]);
+    assert_eq!(info.layers, 4);
+    let note = info.note.clone().expect("a note");
+    assert!(note.contains("linux/arm64"), "{note}");
+    assert_tag_is(&reg, &c, &info);
+    assert_eq!(verify_pulled(&reg, &c, true), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_25_archive_keeps_the_layout_digest() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/d25", "v1");
+    let path = fixture("docker25.tar");
+    let info = process(
+        &path,
+        &options(&c, &path, Some("corpus/app:v1"), Compress::Gzip),
+    )
+    .await
+    .unwrap();
+    assert_eq!(info.source_format, SourceFormat::Oci);
+    assert_eq!(info.digest, layout_digest("v1"));
+    assert_tag_is(&reg, &c, &info);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_images_are_narrowed_by_name() {
     let reg = Registry::start();
     let path = fixture("two-images.tar");
