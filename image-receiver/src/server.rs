@@ -93,17 +93,10 @@ fn pipeline_processor(config: &Config) -> Processor {
     });
     Arc::new(move |file| {
         let opts = opts.clone();
-        let runtime = tokio::runtime::Handle::current();
         Box::pin(async move {
-            // Driven from a blocking thread of its own: the pipeline's future need not be
-            // `Send` (stream combinators over borrowed layers often are not), and the
-            // receiving side keeps its worker threads while a push runs.
-            let info = tokio::task::spawn_blocking(move || {
-                runtime.block_on(pipeline::process(&file, &opts))
-            })
-            .await
-            .map_err(|e| format!("internal error while processing the upload: {e}"))?
-            .map_err(|e| e.to_string())?;
+            let info = pipeline::process(&file, &opts)
+                .await
+                .map_err(|e| e.to_string())?;
             serde_json::to_value(info).map_err(|e| format!("internal error: {e}"))
         })
     })

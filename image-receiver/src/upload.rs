@@ -833,3 +833,145 @@ fn hex(bytes: &[u8]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn sha_hex(data: &[u8]) -> String {
+        hex(&Sha256::digest(data))
+    }
+
+    fn processor(outcome: Result<serde_json::Value, String>) -> Processor {
+        Arc::new(move |_| {
+            let outcome = outcome.clone();
+            Box::pin(async move { outcome })
+        })
+    }
+
+    async fn put(upload: &Arc<Upload>, offset: u64, data: &[u8]) -> Status {
+        let mut w = upload
+            .begin_chunk(offset, Some(data.len() as u64))
+            .expect("chunk accepted");
+        w.write(vec![Bytes::copy_from_slice(data)]).await.unwrap();
+        w.finish().unwrap()
+    }
+
+    async fn wait_final(upload: &Upload) -> Status {
+        for _ in 0..500 {
+            let s = upload.status();
+            if s.status.is_final() || s.status == State::Ready && s.message.is_some() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the upload did not finish: {:?}", upload.status());
+    }
+
+    #[tokio::test]
+    async fn held_bytes_never_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"aaaaaaaaaabbbbb";
+        let upload = Upload::open(dir.path(), 15, &sha_hex(data)).unwrap();
+        put(&upload, 0, b"aaaaaaaaaa").await;
+        // Overlaps the held part with other bytes: only the new part is written.
+        let s = put(&upload, 5, b"xxxxxbbbbb").await;
+        assert_eq!((s.uploaded_bytes, s.received_bytes), (15, 15));
+        assert_eq!(std::fs::read(upload.data_path()).unwrap(), data);
+        match upload.complete(&processor(Ok(serde_json::json!({"digest": "d"})))) {
+            Completion::Working(s) => assert_eq!(s.status, State::Verifying),
+            other => panic!("{other:?}"),
+        }
+        let s = wait_final(&upload).await;
+        assert_eq!(s.status, State::Completed, "{s:?}");
+        assert_eq!(s.image, Some(serde_json::json!({"digest": "d"})));
+    }
+
+    #[tokio::test]
+    async fn a_refused_or_broken_chunk_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let upload = Upload::open(dir.path(), 100, &sha_hex(b"")).unwrap();
+        {
+            let mut w = upload.begin_chunk(10, None).unwrap();
+            w.write(vec![Bytes::from_static(b"0123456789")])
+                .await
+                .unwrap();
+            assert!(matches!(
+                w.check_room(81),
+                Err(ChunkError::OutOfRange { .. })
+            ));
+            // Dropped without finish: the client went away.
+        }
+        let s = upload.status();
+        assert_eq!((s.status, s.received_bytes), (State::Ready, 0));
+        // The claim is released: the same bytes can come again.
+        let s = put(&upload, 10, b"0123456789").await;
+        assert_eq!(s.received_bytes, 10);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_pipeline_fails_the_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let upload = Upload::open(dir.path(), 3, &sha_hex(b"abc")).unwrap();
+        put(&upload, 0, b"abc").await;
+        let boom: Processor = Arc::new(|_| Box::pin(async { panic!("boom") }));
+        upload.complete(&boom);
+        let s = wait_final(&upload).await;
+        assert_eq!(s.status, State::Failed);
+        assert!(s.message.unwrap().contains("internal error"));
+    }
+
+    #[tokio::test]
+    async fn work_interrupted_by_a_restart_is_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let sum = sha_hex(b"abcd");
+        {
+            let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+            put(&upload, 0, b"abcd").await;
+            // As if the process died right after complete was accepted.
+            upload.lock().phase = Phase::Pushing;
+            upload.persist().unwrap();
+        }
+        let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+        assert!(upload.needs_resume());
+        assert_eq!(upload.status().status, State::Pushing);
+        upload.resume(processor(Err("no registry".into())));
+        let s = wait_final(&upload).await;
+        assert_eq!(s.status, State::Failed);
+        assert_eq!(s.message.as_deref(), Some("no registry"));
+        // And the result outlives another restart.
+        drop(upload);
+        let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+        assert!(!upload.needs_resume());
+        assert_eq!(upload.status(), s);
+    }
+
+    #[tokio::test]
+    async fn a_lost_data_file_means_receiving_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let sum = sha_hex(b"abcd");
+        {
+            let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+            put(&upload, 0, b"abcd").await;
+        }
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join(DATA_FILE))
+            .unwrap()
+            .set_len(2)
+            .unwrap();
+        let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+        let s = upload.status();
+        assert_eq!((s.uploaded_bytes, s.received_bytes), (2, 2));
+    }
+
+    #[test]
+    fn hex_is_lowercase() {
+        assert_eq!(hex(&[0x00, 0xab, 0x7f]), "00ab7f");
+        assert_eq!(
+            sha_hex(b"test"),
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+        );
+    }
+}

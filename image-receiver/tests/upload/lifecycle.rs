@@ -56,6 +56,43 @@ fn resumes_after_sigkill_with_the_same_counts() {
 }
 
 #[test]
+fn sigkill_mid_chunk_claims_nothing_of_it() {
+    use std::io::Write;
+    let data = random_bytes(4 * MIB, 13);
+    let (_tmp, dir) = tempdir();
+    let mut r = Receiver::for_data(&dir, &data, &[]);
+    assert_eq!(r.put(0, &data[..MIB]).0, 200);
+    // Half of a 2 MiB chunk: its first batch reaches the data file, the chunk never ends.
+    let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+    write!(
+        s,
+        "PUT /chunk?offset={MIB} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        2 * MIB
+    )
+    .unwrap();
+    s.write_all(&data[MIB..MIB + MIB + MIB / 2]).unwrap();
+    let file = dir.join("upload.data");
+    runr_testkit::wait_for(
+        "the chunk's first batch on disk",
+        Duration::from_secs(20),
+        || {
+            let len = std::fs::metadata(&file).ok()?.len();
+            (len >= 2 * MIB as u64).then_some(())
+        },
+    );
+    r.kill9_and_restart();
+    drop(s);
+    let st = r.status();
+    assert_eq!(st["uploaded_bytes"], MIB as u64, "{st}");
+    assert_eq!(st["received_bytes"], MIB as u64, "{st}");
+    // Sent again whole, it counts.
+    assert_eq!(r.put(MIB as u64, &data[MIB..]).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let st = r.wait_status("verification to pass", |s| s["status"] == "failed");
+    assert!(!st["message"].as_str().unwrap().contains("SHA-256"), "{st}");
+}
+
+#[test]
 fn state_of_another_upload_is_discarded() {
     let data = random_bytes(MIB, 11);
     let (_tmp, dir) = tempdir();
