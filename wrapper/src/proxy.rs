@@ -271,7 +271,7 @@ async fn handle(
             return Ok(done.finish_now(reply, Some(Failure::Status)));
         }
     }
-    let sender = match take_sender(&upstream) {
+    let sender = match take_sender(&upstream).await {
         Some(s) => s,
         None => match connect(&ctx.upstream).await {
             Ok(s) => s,
@@ -324,10 +324,24 @@ async fn handle(
 }
 
 /// The stored upstream connection if it can take a request right now.
-fn take_sender(slot: &Mutex<Option<SendRequest<UpBody>>>) -> Option<SendRequest<UpBody>> {
-    let sender = slot.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-    // Not ready: closed by the program, or the previous response was abandoned mid-body.
-    sender.is_ready().then_some(sender)
+/// How long a kept upstream connection may take to become ready for the next request (its
+/// connection task may not have seen the end of the previous response yet).
+const REUSE_WAIT: Duration = Duration::from_secs(1);
+
+/// The stored upstream connection once it can take a request; `None` when there is none or it
+/// closed (by the program, or because the previous response was abandoned mid-body).
+async fn take_sender(slot: &Mutex<Option<SendRequest<UpBody>>>) -> Option<SendRequest<UpBody>> {
+    let mut sender = slot.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    if sender.is_ready() {
+        return Some(sender);
+    }
+    if sender.is_closed() {
+        return None;
+    }
+    match tokio::time::timeout(REUSE_WAIT, sender.ready()).await {
+        Ok(Ok(())) => Some(sender),
+        _ => None,
+    }
 }
 
 async fn connect(upstream: &Target) -> Result<SendRequest<UpBody>, String> {
