@@ -271,8 +271,15 @@ impl Serialize for Headers<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(self.0.keys_len()))?;
         for name in self.0.keys() {
-            let value = joined(self.0, name.as_str());
-            map.serialize_entry(name.as_str(), &String::from_utf8_lossy(&value))?;
+            let mut values = self.0.get_all(name).iter();
+            match (values.next().map(|v| v.to_str()), values.next()) {
+                // The common case, without copying: one value, plain text.
+                (Some(Ok(text)), None) => map.serialize_entry(name.as_str(), text)?,
+                _ => {
+                    let value = joined(self.0, name.as_str());
+                    map.serialize_entry(name.as_str(), &String::from_utf8_lossy(&value))?
+                }
+            }
         }
         map.end()
     }

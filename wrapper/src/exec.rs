@@ -40,8 +40,12 @@ enum Collected {
 impl Exec {
     /// The exec invoker for `config`.
     pub fn new(config: &Config) -> Exec {
+        let mut command = config.command.clone();
+        if let Some(path) = resolve(&command[0]) {
+            command[0] = path;
+        }
         Exec {
-            command: config.command.clone(),
+            command,
             cwd: code_dir(),
             input: config.input,
             timeout: config.timeout,
@@ -90,6 +94,24 @@ impl Exec {
             Ok(Collected::Done { exit, stdout }) => answer(exit, stdout),
         }
     }
+}
+
+/// The absolute path of a bare program name found on PATH, looked up once at start instead of
+/// by every spawn (posix_spawnp tries each PATH entry per request). Names with a `/` are left
+/// alone, and so is a name not found now: the spawn then reports it per request.
+fn resolve(program: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.contains('/') {
+        return None;
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .and_then(|p| p.into_os_string().into_string().ok())
 }
 
 /// `/app/code` when it is a directory.
@@ -147,23 +169,29 @@ async fn collect(
     // The handler has exited, so everything it wrote is in the pipe already. Read only that:
     // a grandchild that inherited stdout and lives on must not hold the answer back.
     if let (Some(r), false) = (stdout.as_mut(), eof) {
+        let mut chunk = [0u8; 8192];
         loop {
-            out.reserve(64 * 1024);
-            match r.try_read_buf(&mut out) {
+            match r.try_read(&mut chunk) {
                 Ok(0) | Err(_) => break,
-                Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
-                Ok(_) => {}
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+            if out.len() > MAX_OUTPUT {
+                return Collected::TooLarge;
             }
         }
     }
     Collected::Done { exit, stdout: out }
 }
 
+/// Reads what is there into `out`. Through a stack buffer: `out` then grows only as far as the
+/// output goes (musl's allocator maps and unmaps large buffers, which costs per request).
 async fn read_some(r: &mut Option<pipe::Receiver>, out: &mut Vec<u8>) -> std::io::Result<usize> {
     match r {
         Some(r) => {
-            out.reserve(16 * 1024);
-            r.read_buf(out).await
+            let mut chunk = [0u8; 8192];
+            let n = r.read(&mut chunk).await?;
+            out.extend_from_slice(&chunk[..n]);
+            Ok(n)
         }
         None => Ok(0),
     }

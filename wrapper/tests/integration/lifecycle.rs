@@ -202,3 +202,36 @@ fn as_pid_1_no_zombies_after_10000_requests() {
     let status = w.child.wait_timeout(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{}", w.log());
 }
+
+#[test]
+fn a_worker_ignoring_sigterm_is_killed_after_5s() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("worker.pid");
+    let script = format!(
+        // Ignores SIGTERM and stdin's EOF too.
+        "trap '' TERM; echo $$ > {}; while :; do if read -r line; then echo '{{\"statusCode\":200,\"body\":\"ok\"}}'; else sleep 0.1; fi; done",
+        pidfile.display()
+    );
+    let mut w = Wrapper::start(&env("persistent", &["bash", "-c", &script]));
+    assert_eq!(w.get("/").text(), "ok");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let started = std::time::Instant::now();
+    w.child.signal(Signal::SIGTERM);
+    let status = w.child.wait_timeout(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{}", w.log());
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!alive(pid));
+    assert!(
+        w.log().contains("worker ignored SIGTERM; killing it"),
+        "{}",
+        w.log()
+    );
+}

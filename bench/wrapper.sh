@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# runr-wrapper benchmark, loopback only, about 1.5 minutes. Prints one table, side by side:
+#   exec mode with `cat` (RUNR_INPUT=raw) | persistent mode with a compiled echo worker |
+#   the same echo served by bare hyper (no wrapper)
+# at concurrency 1, 8 and 64 (wrk, 100-byte POSTs): req/s, p50/p99 latency, CPU per request
+# (the server's process tree: wrapper + reaped children + live workers); then the exec-mode
+# floor (bare posix_spawn+pipe+wait of `cat`, C), idle RSS, stripped static binary size and the
+# time from exec to the first answered request.
+#
+#   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-5}
+WORKERS=${WORKERS:-2}
+TARGET=x86_64-unknown-linux-musl
+OUT=bench/out
+mkdir -p "$OUT"
+
+for tool in wrk cc curl; do
+  command -v "$tool" >/dev/null || { echo "bench needs $tool (apt-get install wrk gcc curl)" >&2; exit 1; }
+done
+
+echo "building (release, $TARGET) ..." >&2
+cargo build --quiet --release --target "$TARGET" -p runr-wrapper --bin runr-wrapper --example bare_echo
+BIN=target/$TARGET/release/runr-wrapper
+BARE=target/$TARGET/release/examples/bare_echo
+cc -O2 -o "$OUT/echo_worker" examples/c/echo_worker.c
+cc -O2 -o "$OUT/spawn_floor" bench/spawn_floor.c
+cc -O2 -o "$OUT/first_answer" bench/first_answer.c
+
+cat >"$OUT/post.lua" <<'EOF'
+wrk.method = "POST"
+wrk.body = string.rep("x", 100)
+wrk.headers["Content-Type"] = "text/plain"
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %d %d %d %d %d\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99),
+    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+EOF
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+clk=$(getconf CLK_TCK)
+
+# CPU ticks of a process tree: the process (+ its reaped children) and its live children.
+tree_ticks() {
+  local pid=$1 total=0 kid
+  total=$(awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12] + f[13] + f[14] + f[15] }' "/proc/$pid/stat")
+  for kid in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+    total=$((total + $(awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$kid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+wait_port() {
+  for _ in $(seq 400); do
+    curl -s -o /dev/null -X POST -d x "http://127.0.0.1:$1/" && return 0
+    sleep 0.025
+  done
+  echo "server on port $1 did not come up" >&2
+  return 1
+}
+
+declare -A RPS P50 P99 CPU
+run() { # name port pid
+  local name=$1 port=$2 pid=$3 c
+  wait_port "$port"
+  wrk -t1 -c8 -d1s -s "$OUT/post.lua" "http://127.0.0.1:$port/" >/dev/null # warm-up
+  for c in 1 8 64; do
+    local before after line
+    before=$(tree_ticks "$pid")
+    line=$(wrk -t1 -c"$c" -d"${DURATION}s" -s "$OUT/post.lua" "http://127.0.0.1:$port/" | grep '^RESULT')
+    after=$(tree_ticks "$pid")
+    read -r _ reqs dur p50 p99 errs <<<"$line"
+    [ "$errs" = 0 ] || echo "warning: $name c$c had $errs errors" >&2
+    RPS[$name,$c]=$(awk -v r="$reqs" -v d="$dur" 'BEGIN { printf "%.0f", r / (d / 1e6) }')
+    P50[$name,$c]=$p50
+    P99[$name,$c]=$p99
+    CPU[$name,$c]=$(awk -v t=$((after - before)) -v r="$reqs" -v k="$clk" 'BEGIN { printf "%.1f", t / k / r * 1e6 }')
+  done
+}
+
+start() { # port, then env assignments and the command; sets PID
+  local port=$1
+  shift
+  env PORT="$port" "$@" >/dev/null 2>>"$OUT/wrapper.log" &
+  PID=$!
+}
+
+: >"$OUT/wrapper.log"
+echo "exec mode ..." >&2
+p=$(free_port)
+start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$BIN"
+pid=$PID
+sleep 0.2
+IDLE_RSS=$(awk '/VmRSS/ { print $2 }' /proc/"$pid"/status)
+run exec "$p" "$pid"
+LOADED_RSS=$(awk '/VmHWM/ { print $2 }' /proc/"$pid"/status)
+kill "$pid"; wait "$pid" || true
+
+echo "persistent mode ..." >&2
+p=$(free_port)
+start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BIN"
+pid=$PID
+run persistent "$p" "$pid"
+kill "$pid"; wait "$pid" || true
+
+echo "bare hyper echo ..." >&2
+p=$(free_port)
+start "$p" "$BARE"
+pid=$PID
+run bare "$p" "$pid"
+kill "$pid"; wait "$pid" || true
+
+echo "spawn floor, size, start-up ..." >&2
+read -r FLOOR_CPU FLOOR_WALL <<<"$("$OUT/spawn_floor" 3000)"
+cp "$BIN" "$OUT/runr-wrapper.stripped" && strip "$OUT/runr-wrapper.stripped"
+SIZE=$(stat -c %s "$OUT/runr-wrapper.stripped")
+STATIC=$(file -b "$BIN" | grep -oE 'static(-pie)? linked' || echo "NOT static")
+starts=()
+for _ in $(seq 15); do
+  p=$(free_port)
+  starts+=("$(env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$OUT/first_answer" "$p" "$BIN")")
+done
+FIRST=$(printf '%s\n' "${starts[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+
+ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
+echo
+echo "runr-wrapper benchmark  $(date -u +%FT%TZ)  $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "wrk ${DURATION}s per cell, 100-byte POSTs; persistent: $WORKERS workers (C echo); exec: cat (RUNR_INPUT=raw)"
+printf '\n%-12s %4s %10s %9s %9s %12s\n' mode conc req/s p50_ms p99_ms cpu_us/req
+for name in exec persistent bare; do
+  for c in 1 8 64; do
+    printf '%-12s %4s %10s %9s %9s %12s\n' "$name" "$c" "${RPS[$name,$c]}" "$(ms "${P50[$name,$c]}")" \
+      "$(ms "${P99[$name,$c]}")" "${CPU[$name,$c]}"
+  done
+done
+echo
+printf 'spawn floor (posix_spawn+pipe+wait of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FLOOR_CPU" "$FLOOR_WALL"
+for c in 1 8 64; do
+  awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v c="$c" \
+    'BEGIN { printf "exec c%-2s CPU per request / floor: %.2fx\n", c, e / f }'
+done
+for c in 1 8 64; do
+  awk -v p="${P50[persistent,$c]}" -v b="${P50[bare,$c]}" -v pr="${RPS[persistent,$c]}" -v br="${RPS[bare,$c]}" -v c="$c" \
+    'BEGIN { printf "persistent c%-2s: +%d us p50 over bare, %.2fx of bare req/s\n", c, p - b, pr / br }'
+done
+printf 'idle RSS: %s KiB (peak under load: %s KiB)\n' "$IDLE_RSS" "$LOADED_RSS"
+printf 'binary: %s bytes stripped (%s MiB), %s\n' "$SIZE" "$(awk -v s="$SIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$STATIC"
+printf 'exec to first answer (exec mode, cat; median of 15): %s ms\n' "$(ms "$FIRST")"
