@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Release checks, run by .ci/run after the tests (and by hand: deploy/check.sh):
 #   1. release builds: deploy/build.sh binaries (amd64, and arm64 when its toolchain is installed)
-#   2. every binary is statically linked (file, ldd) and stripped, and within its size budget
+#   2. every binary is statically linked (file, ldd) and stripped, and within its size budget;
+#      binaries for another CPU run `version` under qemu user-mode emulation where installed
 #   3. every manifest in deploy/k8s validates offline (kubernetes-validate, deploy/validate-manifests.py)
 #   where `docker info` answers:
 #   4. every image builds from its Dockerfile; `docker run --read-only --user 65532 --cap-drop ALL
@@ -10,12 +11,15 @@
 #      function image runs the installed wrapper in exec mode with a shell handler and answers curl
 #   6. the receiver image takes a `docker save` archive of one of these images through its chunk
 #      API and pushes it into a docker-registry on the host; the image is pulled back and run
-# Without an engine, steps 4-6 print one line each saying they were skipped; 1-3 still run.
+#   7. the prewarm image warms an image from that registry
+# Without an engine, steps 4-7 print one line each saying they were skipped; 1-3 still run.
 # A functional step whose binary does not have the feature yet (it still behaves like `version`)
 # prints a skip line naming the binary and the missing feature; it never counts as a pass.
 #
 # Environment: RUNR_CHECK_ARCHS="amd64 arm64" to choose the architectures (default: what
-# deploy/build.sh builds by default), RUNR_BUILD_LOCKED=0 to build without --locked.
+# deploy/build.sh builds by default), RUNR_BUILD_LOCKED=0 to build without --locked,
+# RUNR_CHECK_PREBUILT=1 to check the binaries already in target/dist instead of building (for
+# working on this script; CI always builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNR_BUILD_LIB=1 source deploy/build.sh
@@ -80,7 +84,14 @@ trap 'exit 130' INT TERM
 step "release builds (musl, LTO)"
 read -r -a ARCHS <<<"${RUNR_CHECK_ARCHS:-}"
 # build.sh says itself which architecture it skips and why; only what this run built is checked.
-build_binaries "${ARCHS[@]}"
+if [ "${RUNR_CHECK_PREBUILT:-0}" = 1 ]; then
+  for a in "${ARCHS[@]:-amd64 arm64}"; do
+    for a1 in $a; do [ -d "$DIST/$a1" ] && BUILT+=("$a1"); done
+  done
+  say "RUNR_CHECK_PREBUILT=1: checking the binaries in $DIST (${BUILT[*]}) without building"
+else
+  build_binaries "${ARCHS[@]}"
+fi
 BUILT_ARCHS=("${BUILT[@]}")
 step_done
 if [[ " ${BUILT_ARCHS[*]} " != *" arm64 "* ]]; then
@@ -117,6 +128,24 @@ for arch in "${BUILT_ARCHS[@]}"; do
       esac
     fi
     [ "$size" -le "${BUDGET[$b]}" ] || fail "$arch/$b is $(mib "$size"), over its budget of $(mib "${BUDGET[$b]}")"
+  done
+done
+# A binary for another CPU must also run: under qemu's user-mode emulator (Debian: qemu-user-static),
+# which needs nothing but the static binary itself.
+for arch in "${BUILT_ARCHS[@]}"; do
+  [ "$arch" != "$(host_arch)" ] || continue
+  qemu=$(command -v "qemu-$(cpu_of "$arch")-static" || command -v "qemu-$(cpu_of "$arch")" || true)
+  if [ -z "$qemu" ]; then
+    skip "running the $arch binaries: no qemu-$(cpu_of "$arch")-static (Debian: qemu-user-static)"
+    continue
+  fi
+  for b in "${BINARIES[@]}"; do
+    out=$("$qemu" "$DIST/$arch/$b" version 2>&1 | head -n1) || true
+    if [[ "$out" == *"$(workspace_version)"* ]]; then
+      say "$arch/$b runs under $(basename "$qemu"): $out"
+    else
+      fail "$arch/$b version under $(basename "$qemu") printed '$out'"
+    fi
   done
 done
 step_done
@@ -294,20 +323,11 @@ EOF
   fi
   step_done
 
-  # --- 6. receiver: upload a docker save archive into a registry on the host ---
-  step "receiver image: chunked upload of a docker save archive into docker-registry"
-  if [ -z "${REF[runr-image-upload]:-}" ] || [ -z "${REF[runr-tick]:-}" ]; then
-    skip "receiver upload: the receiver or tick image did not build"
-  elif ! command -v docker-registry >/dev/null; then
-    skip "receiver upload: docker-registry is not installed (Debian: docker-registry; .ci/run installs it)"
-  else
-    # The upload: the tick image, saved by this very engine.
-    src="${REF[runr-tick]}"
-    archive="$WORK/upload.tar"
-    docker save "$src" -o "$archive"
-    size=$(stat -c %s "$archive")
-    sha=$(sha256sum "$archive" | cut -d' ' -f1)
-    # The registry: CNCF distribution from Debian, plain HTTP on a free loopback port.
+  # The registry of steps 6 and 7: CNCF distribution from Debian, plain HTTP on a free loopback
+  # port, started once on first use; the containers reach it through --network host.
+  regport=""
+  start_registry() {
+    [ -z "$regport" ] || return 0
     regport=$(free_port)
     mkdir -p "$WORK/registry"
     cat >"$WORK/registry/config.yml" <<EOF
@@ -322,7 +342,23 @@ http:
 EOF
     docker-registry serve "$WORK/registry/config.yml" >"$WORK/registry/log" 2>&1 &
     REGISTRY_PID=$!
-    if ! wait_until 20 "docker-registry on 127.0.0.1:$regport" curl -fsS "http://127.0.0.1:$regport/v2/"; then
+    wait_until 20 "docker-registry on 127.0.0.1:$regport" curl -fsS "http://127.0.0.1:$regport/v2/"
+  }
+
+  # --- 6. receiver: upload a docker save archive into a registry on the host ---
+  step "receiver image: chunked upload of a docker save archive into docker-registry"
+  if [ -z "${REF[runr-image-upload]:-}" ] || [ -z "${REF[runr-tick]:-}" ]; then
+    skip "receiver upload: the receiver or tick image did not build"
+  elif ! command -v docker-registry >/dev/null; then
+    skip "receiver upload: docker-registry is not installed (Debian: docker-registry; .ci/run installs it)"
+  else
+    # The upload: the tick image, saved by this very engine.
+    src="${REF[runr-tick]}"
+    archive="$WORK/upload.tar"
+    docker save "$src" -o "$archive"
+    size=$(stat -c %s "$archive")
+    sha=$(sha256sum "$archive" | cut -d' ' -f1)
+    if ! start_registry; then
       fail "docker-registry did not start: $(tail -5 "$WORK/registry/log")"
     else
       rport=$(free_port)
@@ -399,6 +435,39 @@ EOF
             fi
           fi
         fi
+      fi
+    fi
+  fi
+  step_done
+
+  # --- 7. prewarm: warm an image from a registry on the host ---
+  step "prewarm image: warm an image from docker-registry"
+  if [ -z "${REF[runr-prewarm]:-}" ] || [ -z "${REF[runr-tick]:-}" ]; then
+    skip "prewarm run: the prewarm or tick image did not build"
+  elif ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
+    skip "prewarm run: docker-registry or skopeo is not installed (.ci/run installs both)"
+  elif ! start_registry; then
+    fail "docker-registry did not start: $(tail -5 "$WORK/registry/log")"
+  else
+    # Pushed by skopeo, independently of the receiver; a plain registry answers the requests a
+    # pull-through cache does (manifests, blob Range probes) for what it holds.
+    warm="library/runr-tick:warm"
+    if ! skopeo --insecure-policy copy -q --dest-tls-verify=false "docker-daemon:${REF[runr-tick]}" \
+      "docker://127.0.0.1:$regport/$warm" >"$WORK/skopeo-push.log" 2>&1; then
+      fail "skopeo push of the tick image for prewarm: $(tail -5 "$WORK/skopeo-push.log")"
+    else
+      code=0
+      out=$(docker run --rm --network host --read-only --user 65532 --cap-drop ALL \
+        --security-opt no-new-privileges \
+        -e "RUNR_PREWARM_REGISTRY=127.0.0.1:$regport" -e "RUNR_PREWARM_IMAGES=$warm" \
+        -e RUNR_REGISTRY_PLAIN_HTTP=1 -e RUNR_PREWARM_WAIT=10 -e RUNR_PREWARM_ATTEMPTS=1 \
+        "${REF[runr-prewarm]}" run 2>"$WORK/prewarm.err") || code=$?
+      if [ $code = 0 ]; then
+        say "prewarm warmed 127.0.0.1:$regport/$warm; summary: $(tail -n1 <<<"$out" | cut -c1-300)"
+      elif lacks_feature "${REF[runr-prewarm]}" "$out$(cat "$WORK/prewarm.err")"; then
+        skip "prewarm run: runr-prewarm 'run' is not implemented in this build ($(tail -n1 "$WORK/prewarm.err" | cut -c1-160))"
+      else
+        fail "runr-prewarm run exited $code: $(tail -n1 <<<"$out" | cut -c1-300) $(tail -n5 "$WORK/prewarm.err")"
       fi
     fi
   fi
