@@ -115,7 +115,7 @@ echo
 for c in 1 8 64; do
   awk -v p="${P50[proxy,$c]}" -v d="${P50[direct,$c]}" -v q="${P99[proxy,$c]}" -v e="${P99[direct,$c]}" \
     -v pr="${RPS[proxy,$c]}" -v dr="${RPS[direct,$c]}" -v c="$c" \
-    'BEGIN { printf "proxy c%-2s: +%d us p50, +%d us p99, %.2fx of direct req/s\n", c, p - d, q - e, pr / dr }'
+    'BEGIN { printf "proxy c%-2s: %+d us p50, %+d us p99, %.2fx of direct req/s\n", c, p - d, q - e, pr / dr }'
 done
 printf 'access lines written: %s; proxy peak RSS: %s KiB\n' "$LINES" "$PEAK_RSS"
 read -r tmed tmean <<<"$TICK_MEDIAN"

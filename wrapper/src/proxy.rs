@@ -245,6 +245,9 @@ async fn handle(
         status: 0,
     };
     strip_hop_by_hop(&mut parts.headers);
+    // hyper answered the client's `Expect: 100-continue` when the body was first polled; the
+    // program gets the body without having to ask for it.
+    parts.headers.remove(http::header::EXPECT);
     if let Some(span) = &done.span {
         if let Ok(v) = HeaderValue::from_str(&span.traceparent()) {
             parts.headers.insert(trace::TRACEPARENT, v);

@@ -334,3 +334,23 @@ fn the_program_exiting_ends_the_wrapper_with_its_status() {
     assert_eq!(status.code(), Some(3), "{}", w.log());
     assert!(w.log().contains("the program exited"), "{}", w.log());
 }
+
+#[test]
+fn expect_continue_is_answered_and_the_body_forwarded() {
+    let w = start_proxy(&tracing_on());
+    let s = TcpStream::connect(w.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s);
+    r.get_mut()
+        .write_all(
+            b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    let (interim, _) = read_head(&mut r);
+    assert_eq!(interim, 100, "the client is told to send its body");
+    r.get_mut().write_all(b"hello").unwrap();
+    let (status, body) = read_answer(&mut r);
+    assert_eq!(status, 200);
+    let got: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got["bytes"], 5);
+}
