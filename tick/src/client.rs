@@ -96,6 +96,16 @@ pub async fn send(
     target: &Target,
     event: &ScheduleEvent,
 ) -> Result<TickResponse, TickError> {
+    send_with(stream, target, event, &[]).await
+}
+
+/// [`send`] with `extra` headers (the wrapper adds its `traceparent`).
+pub async fn send_with(
+    stream: TcpStream,
+    target: &Target,
+    event: &ScheduleEvent,
+    extra: &[(&str, &str)],
+) -> Result<TickResponse, TickError> {
     let request_error = |source| TickError::Request {
         target: target.to_string(),
         source,
@@ -103,7 +113,7 @@ pub async fn send(
     let mut builder = http::Request::post(target.path.as_str())
         .header(http::header::HOST, target.authority.as_str())
         .header(http::header::CONTENT_LENGTH, BODY.len());
-    for (name, value) in event.headers() {
+    for (name, value) in event.headers().into_iter().chain(extra.iter().copied()) {
         builder = builder.header(name, value);
     }
     let request = builder

@@ -13,7 +13,7 @@ pub mod log;
 use std::io::Write;
 use std::process::ExitCode;
 
-pub use client::{send, wait_and_send, wait_for_listener, TickError, TickResponse};
+pub use client::{send, send_with, wait_and_send, wait_for_listener, TickError, TickResponse};
 pub use config::{parse_duration, ConfigError, Target, TickConfig};
 pub use event::ScheduleEvent;
 

@@ -5,7 +5,7 @@
 //!   60 s), POST the schedule CloudEvent, stop the server (SIGTERM, SIGKILL after 5 s);
 //! - exec and persistent mode: one invocation with the same request through the [`Invoker`].
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -14,6 +14,9 @@ use runr_tick::{ScheduleEvent, Target, TickResponse};
 use crate::config::{Config, Mode, Trigger};
 use crate::envelope::Request;
 use crate::invoke::Invoker;
+use crate::observe::Finished;
+use crate::replay::Failure;
+use crate::trace::{self, Span};
 use crate::{httpmode, observe, reaper};
 
 /// Runs the configured mode's schedule one-shot; returns the exit status.
@@ -62,19 +65,30 @@ async fn invoke_sequence(config: &Config) -> u8 {
         Some(stream) => {
             let event = ScheduleEvent::new();
             let started = Instant::now();
-            match tokio::time::timeout(config.timeout, runr_tick::send(stream, &target, &event))
-                .await
-            {
+            // With tracing on, the tick is the wrapper span's child, as in the observed proxy.
+            let span =
+                observe::global().and_then(|o| o.start_span(&HeaderMap::new(), SystemTime::now()));
+            let traceparent = span.as_ref().map(Span::traceparent);
+            let extra: Vec<(&str, &str)> = traceparent
+                .as_deref()
+                .map(|tp| (trace::TRACEPARENT, tp))
+                .into_iter()
+                .collect();
+            let sent = runr_tick::send_with(stream, &target, &event, &extra);
+            match tokio::time::timeout(config.timeout, sent).await {
                 Ok(Ok(response)) => {
-                    observe_tick(&event, &response, started.elapsed());
+                    let failure = (response.status >= 500).then_some(Failure::Status);
+                    observe_tick(&event, span, response.status, failure, started.elapsed());
                     runr_tick::print_response(&response)
                 }
                 Ok(Err(e)) => {
                     tracing::error!("{}", runr_tick::error_chain(&e));
+                    observe_tick(&event, span, 502, Some(Failure::Crash), started.elapsed());
                     1
                 }
                 Err(_) => {
                     tracing::error!(timeout = %crate::config::display_timeout(config.timeout), "the server did not answer the schedule event in time");
+                    observe_tick(&event, span, 504, Some(Failure::Timeout), started.elapsed());
                     1
                 }
             }
@@ -86,18 +100,31 @@ async fn invoke_sequence(config: &Config) -> u8 {
 }
 
 /// Access line / span / capture of the http-mode tick, like any other invocation.
-fn observe_tick(event: &ScheduleEvent, response: &TickResponse, took: Duration) {
-    if observe::global().is_none() {
+fn observe_tick(
+    event: &ScheduleEvent,
+    span: Option<Span>,
+    status: u16,
+    failure: Option<Failure>,
+    took: Duration,
+) {
+    let Some(observer) = observe::global() else {
         return;
-    }
+    };
     let req = schedule_request(event);
-    let outcome = crate::invoke::Outcome::answered(crate::response::Reply {
-        status: http::StatusCode::from_u16(response.status)
-            .unwrap_or(http::StatusCode::BAD_GATEWAY),
-        headers: Vec::new(),
-        body: response.body.clone(),
+    observer.finish(Finished {
+        span,
+        trigger: req.trigger.as_str(),
+        method: &req.method,
+        path: &req.path,
+        query: &req.raw_query,
+        headers: &req.headers,
+        body: &req.body,
+        body_size: req.body.len() as u64,
+        status,
+        took,
+        failure,
+        cold_start: trace::take_cold_start(),
     });
-    observe::invocation(&req, &outcome, took);
 }
 
 /// exec and persistent mode: one invocation with the schedule request.

@@ -294,3 +294,37 @@ fn tick_subcommand_exit_status_follows_the_answer() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains(r#"PORT="x""#), "{}", r.stderr);
 }
+
+#[test]
+fn invoke_sequence_is_traced_and_a_failed_tick_captured() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replay.jsonl");
+    let r = schedule(
+        free_port(),
+        upstream_command(),
+        &[
+            ("ROOT_STATUS", "503".into()),
+            ("RUNR_TRACING", "1".into()),
+            ("RUNR_REPLAY", "1".into()),
+            ("RUNR_REPLAY_FILE", file.to_string_lossy().into_owned()),
+        ],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let body: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    let access = crate::observed_support::access_lines(&r.stderr);
+    assert_eq!(access.len(), 1, "{}", r.stderr);
+    let line = &access[0];
+    assert_eq!(
+        (line.method.as_str(), line.path.as_str(), line.status),
+        ("POST", "/", 503)
+    );
+    assert_eq!(
+        body["traceparent"],
+        format!("00-{}-{}-01", line.trace_id, line.span_id)
+    );
+    let captures = crate::observed_support::replay_lines(&file, 1);
+    assert_eq!(captures[0]["trigger"], "schedule");
+    assert_eq!(captures[0]["failure"], "status");
+    assert_eq!(captures[0]["traceId"], line.trace_id.as_str());
+    assert_eq!(captures[0]["headers"]["ce-type"], "dev.runr.schedule.tick");
+}
