@@ -102,6 +102,9 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// The hashing thread could not be started.
+    #[error("cannot start the hashing thread")]
+    Thread(#[source] io::Error),
     /// The state file could not be written.
     #[error("cannot write {path}")]
     StateFile {
@@ -256,7 +259,7 @@ impl Upload {
             file,
             inner: Mutex::new(inner),
             persist_lock: Mutex::new(()),
-            hasher: Hasher::start(reader, size),
+            hasher: Hasher::start(reader, size).map_err(OpenError::Thread)?,
         });
         upload.hasher.advance(0, prefix);
         upload.persist().map_err(|source| OpenError::StateFile {
@@ -724,7 +727,7 @@ struct HashShared {
 }
 
 impl Hasher {
-    fn start(file: File, size: u64) -> Arc<Hasher> {
+    fn start(file: File, size: u64) -> io::Result<Arc<Hasher>> {
         let hasher = Arc::new(Hasher {
             shared: Mutex::new(HashShared::default()),
             changed: Condvar::new(),
@@ -733,9 +736,8 @@ impl Hasher {
         // A plain thread: it blocks on reads and on the condvar, and the second core is its.
         std::thread::Builder::new()
             .name("sha256".into())
-            .spawn(move || h.run(file, size))
-            .expect("spawn the hashing thread");
-        hasher
+            .spawn(move || h.run(file, size))?;
+        Ok(hasher)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashShared> {
