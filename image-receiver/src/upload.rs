@@ -218,8 +218,9 @@ impl Upload {
                 inner.message = p.message;
                 inner.image = p.image;
                 // A data file shorter than the ranges (removed or truncated behind our back)
-                // cannot hold them: keep only what it can.
-                if on_disk < size {
+                // cannot hold them: keep only what it can. A finished upload keeps its result.
+                let finished = matches!(inner.phase, Phase::Completed | Phase::Failed);
+                if on_disk < size && !finished {
                     inner.received.remove(on_disk, u64::MAX);
                     if inner.phase != Phase::Open && inner.received.contiguous_prefix() < size {
                         tracing::warn!(
@@ -965,7 +966,20 @@ mod tests {
             .unwrap();
         let upload = Upload::open(dir.path(), 4, &sum).unwrap();
         let s = upload.status();
-        assert_eq!((s.uploaded_bytes, s.received_bytes), (2, 2));
+        assert_eq!(
+            (s.status, s.uploaded_bytes, s.received_bytes),
+            (State::Receiving, 2, 2)
+        );
+        // A finished upload keeps its result whatever happens to the file.
+        upload.complete(&processor(Ok(serde_json::json!({}))));
+        put(&upload, 2, b"cd").await;
+        upload.complete(&processor(Ok(serde_json::json!({"digest": "d"}))));
+        let done = wait_final(&upload).await;
+        assert_eq!(done.status, State::Completed);
+        drop(upload);
+        std::fs::remove_file(dir.path().join(DATA_FILE)).unwrap();
+        let upload = Upload::open(dir.path(), 4, &sum).unwrap();
+        assert_eq!(upload.status(), done);
     }
 
     #[test]
