@@ -526,25 +526,64 @@ pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
     }
 }
 
+/// The server span of an exec/persistent invocation, started before the handler runs.
+#[derive(Debug, Default)]
+pub struct Started {
+    span: Option<Span>,
+    /// The client's own `traceparent`, which the handler's copy of the request no longer has.
+    client_traceparent: Option<http::HeaderValue>,
+}
+
+/// The hook of exec and persistent mode before the handler runs: with tracing on, starts the
+/// server span and gives the handler (envelope headers, `RUNR_HEADER_TRACEPARENT`) a
+/// `traceparent` whose parent is that span, as the observed proxy does for http mode.
+pub fn start(req: &mut Request) -> Started {
+    let Some(span) = global().and_then(|o| o.start_span(&req.headers, SystemTime::now())) else {
+        return Started::default();
+    };
+    let client_traceparent = req.headers.get(trace::TRACEPARENT).cloned();
+    if let Ok(v) = http::HeaderValue::from_str(&span.traceparent()) {
+        req.headers.insert(trace::TRACEPARENT, v);
+    }
+    Started {
+        span: Some(span),
+        client_traceparent,
+    }
+}
+
 /// The hook of exec and persistent mode, called where an invocation completed: access line,
-/// span and replay capture, as configured.
-pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration) {
+/// span and replay capture, as configured. `started` comes from [`start`].
+pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration, started: Started) {
     let Some(observer) = global() else {
         return;
     };
-    let start = SystemTime::now() - elapsed;
+    let failure = failure_of(outcome);
+    // A capture shows what the client sent, so its traceparent goes back in.
+    let client_headers;
+    let headers = match (&started.span, failure, observer.replay.is_some()) {
+        (Some(_), Some(_), true) => {
+            let mut h = req.headers.clone();
+            match &started.client_traceparent {
+                Some(tp) => h.insert(trace::TRACEPARENT, tp.clone()),
+                None => h.remove(trace::TRACEPARENT),
+            };
+            client_headers = h;
+            &client_headers
+        }
+        _ => &req.headers,
+    };
     observer.finish(Finished {
-        span: observer.start_span(&req.headers, start),
+        span: started.span,
         trigger: req.trigger.as_str(),
         method: &req.method,
         path: &req.path,
         query: &req.raw_query,
-        headers: &req.headers,
+        headers,
         body: &req.body,
         body_size: req.body.len() as u64,
         status: outcome.reply.status.as_u16(),
         took: elapsed,
-        failure: failure_of(outcome),
+        failure,
         cold_start: trace::take_cold_start(),
     });
 }

@@ -133,10 +133,11 @@ async fn one_shot(config: &Config) -> u8 {
         return 1;
     };
     let event = ScheduleEvent::new();
-    let req = schedule_request(&event);
+    let mut req = schedule_request(&event);
     let started = Instant::now();
+    let span = observe::start(&mut req);
     let outcome = invoker.invoke(&req).await;
-    observe::invocation(&req, &outcome, started.elapsed());
+    observe::invocation(&req, &outcome, started.elapsed(), span);
     let response = TickResponse {
         status: outcome.reply.status.as_u16(),
         body: outcome.reply.body.clone(),

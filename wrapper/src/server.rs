@@ -103,9 +103,11 @@ async fn handle(
     } else {
         match read_request(ctx.trigger, req).await {
             Err(reply) => reply,
-            Ok(request) => {
+            Ok(mut request) => {
+                // With tracing on, the handler sees the wrapper's span as its parent.
+                let span = crate::observe::start(&mut request);
                 let outcome = ctx.invoker.invoke(&request).await;
-                observe(&request, &outcome, started.elapsed());
+                observe(&request, &outcome, started.elapsed(), span);
                 outcome.reply
             }
         }
@@ -115,8 +117,9 @@ async fn handle(
 
 /// THE point where an invocation has completed: the parsed request (method, path, headers,
 /// body), the outcome (status, answer, what the handler did) and the time it took. Access
-/// lines, server spans and replay capture hook in here; for now it is a debug line.
-fn observe(req: &Request, outcome: &Outcome, elapsed: Duration) {
+/// lines, server spans and replay capture hook in here ([`crate::observe`]); `span` is the
+/// server span started before the handler ran.
+fn observe(req: &Request, outcome: &Outcome, elapsed: Duration, span: crate::observe::Started) {
     tracing::debug!(
         id = %req.id,
         method = %req.method,
@@ -126,7 +129,7 @@ fn observe(req: &Request, outcome: &Outcome, elapsed: Duration) {
         ms = elapsed.as_secs_f64() * 1000.0,
         "invocation"
     );
-    crate::observe::invocation(req, outcome, elapsed);
+    crate::observe::invocation(req, outcome, elapsed, span);
 }
 
 pub(crate) fn is_probe<B>(req: &hyper::Request<B>) -> bool {

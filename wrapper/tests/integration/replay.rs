@@ -140,6 +140,10 @@ fn exec_mode_captures_crashes_and_timeouts_and_logs_access_lines() {
     assert_eq!(fail["bodySize"], 12);
     assert_eq!(fail["bodyTruncated"], true);
     assert_redacted(fail);
+    assert!(
+        fail["headers"].get("traceparent").is_none(),
+        "the client's headers, not the handler's: {fail}"
+    );
     assert_eq!(
         (lines[1]["path"].as_str(), lines[1]["failure"].as_str()),
         (Some("/slow"), Some("timeout"))
@@ -226,4 +230,26 @@ fn an_unwritable_capture_file_is_a_warning_not_a_failed_request() {
         Conn::open(w.addr()).send("GET", "/pid", &[], b"").status,
         200
     );
+}
+
+#[test]
+fn exec_handler_sees_the_wrapper_span_as_parent() {
+    let w = Wrapper::start(&{
+        let mut v = env(
+            "exec",
+            &[
+                "sh",
+                "-c",
+                r#"cat >/dev/null; printf '%s' "$RUNR_HEADER_TRACEPARENT""#,
+            ],
+        );
+        v.push(("RUNR_TRACING".into(), "1".into()));
+        v
+    });
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let seen = w.send("GET", "/t", &[("traceparent", tp)], b"").text();
+    w.wait_log("GET /t 200");
+    let line = &access_lines(&w.log())[0];
+    assert_eq!(line.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(seen, format!("00-{}-{}-01", line.trace_id, line.span_id));
 }
