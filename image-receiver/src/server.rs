@@ -256,8 +256,18 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
             return chunk_error(e);
         }
     }
+    let len = writer.written();
     match writer.finish() {
-        Ok(status) => json(StatusCode::OK, &status),
+        Ok(status) => {
+            tracing::debug!(
+                offset,
+                len,
+                uploaded_bytes = status.uploaded_bytes,
+                received_bytes = status.received_bytes,
+                "chunk stored"
+            );
+            json(StatusCode::OK, &status)
+        }
         Err(e) => chunk_error(e),
     }
 }
