@@ -7,12 +7,12 @@
 # floor (bare posix_spawn+pipe+wait of `cat`, C), idle RSS, stripped static binary size and the
 # time from exec to the first answered request.
 #
-#   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=2
+#   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5}
-WORKERS=${WORKERS:-2}
+WORKERS=${WORKERS:-4}
 TARGET=x86_64-unknown-linux-musl
 OUT=bench/out
 mkdir -p "$OUT"
