@@ -535,3 +535,30 @@ impl Drop for ObservedBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_dropped() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, X-Session"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("te", "trailers"),
+            ("x-session", "1"),
+            ("content-length", "5"),
+            ("traceparent", "00-x"),
+            ("host", "fn"),
+        ] {
+            h.insert(http::HeaderName::from_static(k), v.parse().unwrap());
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "host", "traceparent"]);
+    }
+}

@@ -354,3 +354,37 @@ fn expect_continue_is_answered_and_the_body_forwarded() {
     let got: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(got["bytes"], 5);
 }
+
+#[test]
+fn a_binary_server_that_closes_each_connection_is_proxied_with_client_keep_alive() {
+    // busybox httpd answers one request per connection: the proxy reconnects behind a client
+    // connection that stays open.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "hello from busybox").unwrap();
+    let upstream = free_port();
+    let command = serde_json::to_string(&[
+        "busybox",
+        "httpd",
+        "-f",
+        "-p",
+        &format!("127.0.0.1:{upstream}"),
+        "-h",
+        &dir.path().to_string_lossy(),
+    ])
+    .unwrap();
+    let w = crate::support::Wrapper::start(&[
+        ("RUNR_WRAPPER_MODE".into(), "http".into()),
+        ("RUNR_COMMAND".into(), command),
+        ("RUNR_UPSTREAM_PORT".into(), upstream.to_string()),
+        ("RUNR_TRACING".into(), "1".into()),
+    ]);
+    let mut conn = Conn::open(w.addr());
+    for _ in 0..3 {
+        let r = conn.send("GET", "/index.html", &[], b"");
+        assert_eq!(r.status, 200, "{}", w.log());
+        assert_eq!(r.text(), "hello from busybox");
+    }
+    assert_eq!(conn.send("GET", "/missing", &[], b"").status, 404);
+    w.wait_log("GET /missing 404");
+    assert_eq!(access_lines(&w.log()).len(), 4);
+}
