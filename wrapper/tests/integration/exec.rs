@@ -382,3 +382,28 @@ fn concurrent_invocations_run_in_parallel() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_client_that_goes_away_takes_the_handler_group_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("grandchild.pid");
+    let script = format!("sleep 60 & echo $! > {}; sleep 60", pidfile.display());
+    let w = Wrapper::start(&env("exec", &["bash", "-c", &script]));
+    let mut c = Conn::open(w.addr());
+    std::io::Write::write_all(c.stream(), b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let pid: i32 = wait_for("the handler to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    });
+    drop(c);
+    wait_for(
+        "the grandchild to be killed",
+        Duration::from_secs(10),
+        || (!alive(pid)).then_some(()),
+    );
+    // The wrapper carries on.
+    assert_eq!(
+        w.send("GET", "/", &[("K-Network-Probe", "queue")], b"")
+            .status,
+        200
+    );
+}
