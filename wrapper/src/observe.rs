@@ -338,15 +338,41 @@ fn parse_headers(v: &str) -> Result<Vec<(String, String)>, String> {
         let (k, val) = pair
             .split_once('=')
             .ok_or_else(|| format!("{pair:?} is not key=value"))?;
-        let (k, val) = (k.trim(), val.trim());
+        let (k, val) = (k.trim(), percent_decode(val.trim()));
         if http::HeaderName::from_bytes(k.as_bytes()).is_err()
-            || http::HeaderValue::from_str(val).is_err()
+            || http::HeaderValue::from_str(&val).is_err()
         {
             return Err(format!("{pair:?} is not a valid header"));
         }
-        out.push((k.to_string(), val.to_string()));
+        out.push((k.to_string(), val));
     }
     Ok(out)
+}
+
+/// `%XX` escapes decoded (the exporter spec has header values URL-encoded, e.g.
+/// `Authorization=Basic%20...`); anything that is not a valid escape stays as it is.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 // === impl Observer ===
@@ -620,13 +646,20 @@ mod tests {
             (ENV_SERVICE_NAME, "orders"),
             (ENV_SAMPLER, "traceidratio"),
             (ENV_SAMPLER_ARG, "0.5"),
-            (ENV_OTLP_HEADERS, "x-tenant=a, x-key=b"),
+            (
+                ENV_OTLP_HEADERS,
+                "x-tenant=a, authorization=Basic%20dTpw%3D",
+            ),
         ]);
         assert!(e.is_empty(), "{e:?}");
         let otlp = c.otlp.unwrap();
         assert_eq!(otlp.endpoint.to_string(), "http://collector:4318/v1/traces");
         assert_eq!(otlp.service_name, "orders");
-        assert_eq!(otlp.headers.len(), 2);
+        assert_eq!(
+            otlp.headers[1],
+            ("authorization".into(), "Basic dTpw=".into())
+        );
+        assert_eq!(percent_decode("a%2"), "a%2");
         assert_eq!(c.sampler, Sampler::TraceIdRatio(0.5));
         let (c, _) = parse(&[
             (ENV_TRACING, "1"),
