@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use runr_testkit::{free_port, Child};
 
-use crate::support::{bin, Wrapper};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::support::{bin, children_of, Wrapper};
 
 /// `python3 <upstream.py>` as a RUNR_COMMAND JSON array.
 pub fn upstream_command() -> String {
@@ -33,14 +36,45 @@ pub fn ce_receiver_script() -> String {
 }
 
 /// The observed proxy in front of the python upstream, with `extra` variables.
-pub fn start_proxy(extra: &[(&str, String)]) -> Wrapper {
+pub fn start_proxy(extra: &[(&str, String)]) -> Proxy {
     let mut vars = vec![
         ("RUNR_WRAPPER_MODE".to_string(), "http".to_string()),
         ("RUNR_COMMAND".to_string(), upstream_command()),
         ("RUNR_UPSTREAM_PORT".to_string(), free_port().to_string()),
     ];
     vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    Wrapper::start(&vars)
+    Proxy::start(&vars)
+}
+
+/// A wrapper running the observed proxy. The program it started leads a process group of its
+/// own, which the wrapper's group kill does not reach: dropping this kills the program too.
+pub struct Proxy(Wrapper);
+
+impl Proxy {
+    pub fn start(vars: &[(String, String)]) -> Proxy {
+        Proxy(Wrapper::start(vars))
+    }
+}
+
+impl std::ops::Deref for Proxy {
+    type Target = Wrapper;
+    fn deref(&self) -> &Wrapper {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Proxy {
+    fn deref_mut(&mut self) -> &mut Wrapper {
+        &mut self.0
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for (pid, _) in children_of(self.0.child.pid() as i32) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }
 
 /// A finished one-shot run of the wrapper.

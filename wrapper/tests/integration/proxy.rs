@@ -287,7 +287,7 @@ fn probes_and_preflights_are_answered_by_the_wrapper() {
 
 #[test]
 fn a_program_that_never_listens_gets_503_after_the_wait() {
-    let w = crate::support::Wrapper::start(&[
+    let w = crate::observed_support::Proxy::start(&[
         ("RUNR_WRAPPER_MODE".into(), "http".into()),
         ("RUNR_COMMAND".into(), r#"["sleep", "300"]"#.into()),
         ("RUNR_UPSTREAM_PORT".into(), free_port().to_string()),
@@ -372,7 +372,7 @@ fn a_binary_server_that_closes_each_connection_is_proxied_with_client_keep_alive
         &dir.path().to_string_lossy(),
     ])
     .unwrap();
-    let w = crate::support::Wrapper::start(&[
+    let w = crate::observed_support::Proxy::start(&[
         ("RUNR_WRAPPER_MODE".into(), "http".into()),
         ("RUNR_COMMAND".into(), command),
         ("RUNR_UPSTREAM_PORT".into(), upstream.to_string()),
