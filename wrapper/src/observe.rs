@@ -556,6 +556,8 @@ pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
 #[derive(Debug, Default)]
 pub struct Started {
     span: Option<Span>,
+    /// Decided when the invocation starts, so that the first request in is the cold one.
+    cold_start: Option<bool>,
     /// The client's own `traceparent`, which the handler's copy of the request no longer has.
     client_traceparent: Option<http::HeaderValue>,
 }
@@ -573,6 +575,7 @@ pub fn start(req: &mut Request) -> Started {
     }
     Started {
         span: Some(span),
+        cold_start: Some(trace::take_cold_start()),
         client_traceparent,
     }
 }
@@ -584,9 +587,15 @@ pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration, started: 
         return;
     };
     let failure = failure_of(outcome);
+    let mut span = started.span;
+    if let Some(s) = span.as_mut() {
+        // The span covers the whole invocation, from the request's arrival (`elapsed` counts
+        // the body read that came before the span was started).
+        s.start = SystemTime::now() - elapsed;
+    }
     // A capture shows what the client sent, so its traceparent goes back in.
     let client_headers;
-    let headers = match (&started.span, failure, observer.replay.is_some()) {
+    let headers = match (&span, failure, observer.replay.is_some()) {
         (Some(_), Some(_), true) => {
             let mut h = req.headers.clone();
             match &started.client_traceparent {
@@ -599,7 +608,7 @@ pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration, started: 
         _ => &req.headers,
     };
     observer.finish(Finished {
-        span: started.span,
+        span,
         trigger: req.trigger.as_str(),
         method: &req.method,
         path: &req.path,
@@ -610,7 +619,7 @@ pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration, started: 
         status: outcome.reply.status.as_u16(),
         took: elapsed,
         failure,
-        cold_start: trace::take_cold_start(),
+        cold_start: started.cold_start.unwrap_or_else(trace::take_cold_start),
     });
 }
 
