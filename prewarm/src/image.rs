@@ -158,7 +158,8 @@ async fn attempts_loop(
 }
 
 /// One pass over whatever is still missing. Every blob is tried and the fetched ones confirmed
-/// even when another part fails, so the next attempt has less to do.
+/// even when another part fails, so the next attempt has less to do. A blob counts as done only
+/// once the cache answers its Range probe with 206.
 async fn attempt(
     shared: &Shared,
     image: &ImageRef,
@@ -208,38 +209,32 @@ async fn attempt(
         .filter(|(_, confirmed)| !**confirmed)
         .map(|(b, _)| b.clone())
         .collect();
-    let results = join_all(missing.iter().map(|b| shared.fetcher.warm(repo, b))).await;
-    let mut to_confirm = Vec::new();
-    for (blob, result) in missing.iter().zip(results) {
-        match result {
-            Ok(Warmed::Cached) => {
-                progress.blobs.insert(blob.clone(), true);
-            }
-            Ok(Warmed::Fetched { bytes }) => {
-                progress.fetched_bytes += bytes;
-                to_confirm.push(blob.clone());
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
+    // Each blob is confirmed as soon as its own transfer ends: the cache stores a blob while
+    // serving it, so waiting for the image's last (smallest) blob first would only add latency.
+    let results = join_all(missing.iter().map(|blob| async move {
+        match shared.fetcher.warm(repo, blob).await? {
+            Warmed::Cached => Ok(0),
+            Warmed::Fetched { bytes } => {
+                let deadline = Instant::now() + shared.config.confirm_wait;
+                match confirm(shared, repo, blob, deadline).await {
+                    Ok(()) => Ok(bytes),
+                    Err(e) => {
+                        // The next attempt must read it again, not trust this run's read.
+                        shared.fetcher.forget(repo, blob);
+                        Err(e)
+                    }
+                }
             }
         }
-    }
-
-    let deadline = Instant::now() + shared.config.confirm_wait;
-    let confirmed = join_all(
-        to_confirm
-            .iter()
-            .map(|b| confirm(shared, repo, b, deadline)),
-    )
+    }))
     .await;
-    for (blob, result) in to_confirm.iter().zip(confirmed) {
+    for (blob, result) in missing.iter().zip(results) {
         match result {
-            Ok(()) => {
+            Ok(bytes) => {
+                progress.fetched_bytes += bytes;
                 progress.blobs.insert(blob.clone(), true);
             }
             Err(e) => {
-                // Next attempt must read it again, not trust this run's earlier read.
-                shared.fetcher.forget(repo, blob);
                 first_error.get_or_insert(e);
             }
         }
@@ -261,6 +256,12 @@ async fn confirm(
     let mut probe = 0;
     loop {
         if shared.fetcher.is_stored(repo, blob).await? {
+            tracing::debug!(
+                blob = %blob_what(repo, &blob.digest),
+                probes = probe + 1,
+                seconds = started.elapsed().as_secs_f64(),
+                "stored"
+            );
             return Ok(());
         }
         let left = deadline.saturating_duration_since(Instant::now());

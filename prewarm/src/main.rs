@@ -38,8 +38,9 @@ fn run() -> ExitCode {
         }
     };
     runr_prewarm::log::init(config.log);
-    // Two workers measured faster than one on the 500 MiB benchmark (hashing of parallel blobs
-    // overlaps); see the README's figures.
+    // One thread: two workers measured no faster on the 500 MiB benchmark (prewarm spends about
+    // 0.5 s of CPU on it; the cache's own copying is the bottleneck) and would take a core from
+    // a cache running on the same node. See the README's figures.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
