@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN};
+use http::header::{HeaderName, HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN};
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -39,15 +39,16 @@ use crate::{httpmode, reaper, server, signal};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authenticate",
+/// (Typed names: removing by `&str` would parse each name on every request.)
+const HOP_BY_HOP: [HeaderName; 8] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+    http::header::PROXY_AUTHENTICATE,
 ];
 
 /// The body sent to the program: the client's, with a copy of its start kept for replay.
@@ -366,19 +367,14 @@ async fn connect(upstream: &Target) -> Result<SendRequest<UpBody>, String> {
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
-    let named: Vec<String> = headers
+    let named: Vec<HeaderName> = headers
         .get_all(http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|n| n.trim().to_ascii_lowercase())
-        .filter(|n| !n.is_empty())
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
         headers.remove(name);
     }
 }
