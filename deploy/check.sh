@@ -459,14 +459,16 @@ EOF
       "docker://127.0.0.1:$regport/$warm" >"$WORK/skopeo-push.log" 2>&1; then
       fail "skopeo push of the tick image for prewarm: $(tail -5 "$WORK/skopeo-push.log")"
     else
+      # The registry by name: in scratch there is no NSS, so this is musl's resolver reading the
+      # /etc/hosts the engine mounts (as the kubelet does), the path in-cluster names take too.
       code=0
       out=$(docker run --rm --network host --read-only --user 65532 --cap-drop ALL \
         --security-opt no-new-privileges \
-        -e "RUNR_PREWARM_REGISTRY=127.0.0.1:$regport" -e "RUNR_PREWARM_IMAGES=$warm" \
+        -e "RUNR_PREWARM_REGISTRY=localhost:$regport" -e "RUNR_PREWARM_IMAGES=$warm" \
         -e RUNR_REGISTRY_PLAIN_HTTP=1 -e RUNR_PREWARM_WAIT=10 -e RUNR_PREWARM_ATTEMPTS=1 \
         "${REF[runr-prewarm]}" run 2>"$WORK/prewarm.err") || code=$?
       if [ $code = 0 ]; then
-        say "prewarm warmed 127.0.0.1:$regport/$warm; summary: $(tail -n1 <<<"$out" | cut -c1-300)"
+        say "prewarm warmed localhost:$regport/$warm; summary: $(tail -n1 <<<"$out" | cut -c1-300)"
       elif lacks_feature "${REF[runr-prewarm]}" "$out$(cat "$WORK/prewarm.err")"; then
         skip "prewarm run: runr-prewarm 'run' is not implemented in this build ($(tail -n1 "$WORK/prewarm.err" | cut -c1-160))"
       else
