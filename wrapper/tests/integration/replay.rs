@@ -253,3 +253,37 @@ fn exec_handler_sees_the_wrapper_span_as_parent() {
     assert_eq!(line.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_eq!(seen, format!("00-{}-{}-01", line.trace_id, line.span_id));
 }
+
+#[test]
+fn persistent_mode_exports_its_spans() {
+    let collector = crate::observed_support::Collector::start();
+    let mut vars = env(
+        "persistent",
+        &["python3", "-u", &fixtures().path("worker.py")],
+    );
+    vars.push(("RUNR_TRACING".into(), "1".into()));
+    vars.push((
+        "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+        format!("http://127.0.0.1:{}", collector.port),
+    ));
+    vars.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+    vars.push(("K_SERVICE".into(), "knative-name".into()));
+    let w = Wrapper::start(&vars);
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(
+        w.send("POST", "/orders", &[("traceparent", tp)], b"{}")
+            .status,
+        200
+    );
+    let (_, _, doc, spans) = collector.next_spans();
+    let resource = &doc["resourceSpans"][0]["resource"]["attributes"];
+    assert_eq!(
+        crate::observed_support::attr(resource, "service.name")["stringValue"],
+        "knative-name"
+    );
+    let line = &access_lines(&w.log())[0];
+    assert_eq!(spans[0]["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(spans[0]["parentSpanId"], "00f067aa0ba902b7");
+    assert_eq!(spans[0]["spanId"], line.span_id.as_str());
+    assert_eq!(spans[0]["status"]["code"], 0);
+}
