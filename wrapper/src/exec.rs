@@ -114,8 +114,8 @@ fn resolve(program: &str) -> Option<String> {
         .and_then(|p| p.into_os_string().into_string().ok())
 }
 
-/// `/app/code` when it is a directory.
-fn code_dir() -> Option<PathBuf> {
+/// `/app/code` when it is a directory: the cwd of every handler process.
+pub(crate) fn code_dir() -> Option<PathBuf> {
     let dir = PathBuf::from(CODE_DIR);
     dir.is_dir().then_some(dir)
 }

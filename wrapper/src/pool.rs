@@ -63,9 +63,7 @@ impl Pool {
         let (stop_tx, stop_rx) = watch::channel(false);
         let spec = Arc::new(Spec {
             command: config.command.clone(),
-            cwd: PathBuf::from(crate::exec::CODE_DIR)
-                .is_dir()
-                .then(|| PathBuf::from(crate::exec::CODE_DIR)),
+            cwd: crate::exec::code_dir(),
             queue: Mutex::new(rx),
             stop: stop_rx,
         });

@@ -216,6 +216,53 @@ mod tests {
         );
     }
 
+    // One test for everything that spawns: the reaper's waitpid(-1) would reap children that
+    // other tests in this binary wait for in their own way (none do; keep it that way).
+    #[tokio::test]
+    async fn spawn_wait_and_signal_the_group() {
+        let mut p = spawn(Command::new("sh").args(["-c", "exit 3"])).unwrap();
+        assert_eq!(p.wait().await, Exit::Code(3));
+        assert_eq!(p.wait().await.code(), 3, "the status is kept");
+        assert!(
+            !p.signal_group(Signal::SIGTERM),
+            "a reaped group is never signalled"
+        );
+
+        let mut p = spawn(Command::new("sleep").arg("30")).unwrap();
+        assert_eq!(p.try_status(), None);
+        assert!(p.signal_group(Signal::SIGKILL));
+        assert_eq!(p.wait().await, Exit::Signal(9));
+        assert_eq!(Exit::Signal(9).code(), 137);
+
+        assert!(spawn(&mut Command::new("/nonexistent/program")).is_err());
+
+        // Dropping a live process kills its group, grandchildren included.
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped());
+        let mut p = spawn(&mut cmd).unwrap();
+        let mut out = BufReader::new(p.stdout.take().unwrap());
+        let mut line = Vec::new();
+        read_line_capped(&mut out, &mut line, 64).await.unwrap();
+        let grandchild: i32 = String::from_utf8_lossy(&line).trim().parse().unwrap();
+        drop(p);
+        let gone = async {
+            // Gone, or a zombie waiting for whoever adopted it: either way no longer running.
+            let running = || {
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+                    .unwrap_or(false)
+            };
+            while running() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), gone)
+            .await
+            .expect("grandchild killed with its group");
+    }
+
     #[tokio::test]
     async fn a_line_of_exactly_cap_with_newline_is_too_long_then_complete() {
         let got = lines(b"abcde\n", 5).await;
