@@ -407,3 +407,52 @@ fn a_client_that_goes_away_takes_the_handler_group_with_it() {
         200
     );
 }
+
+/// `/app/code` must not be created on the test machine, so the wrapper runs in a private mount
+/// namespace whose root is an overlay of `/` with `/app/code` added (needs root and overlayfs;
+/// skipped with a line otherwise).
+#[test]
+fn handlers_run_in_app_code_when_it_exists() {
+    const SETUP: &str = r#"set -e
+T="$1"; BIN="$2"; shift 2
+mkdir -p "$T/u" "$T/w" "$T/m"
+mount -t overlay overlay -o lowerdir=/,upperdir="$T/u",workdir="$T/w" "$T/m" 2>/dev/null || exit 77
+mkdir -p "$T/m/app/code"
+echo from-app-code > "$T/m/app/code/marker.txt"
+touch "$T/m/runr-wrapper-under-test"
+mount --bind "$BIN" "$T/m/runr-wrapper-under-test"
+for d in proc dev sys; do mount --rbind "/$d" "$T/m/$d"; done
+[ "$1" = probe ] && exit 0
+exec chroot "$T/m" /runr-wrapper-under-test"#;
+    let base = if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("runr-overlay-")
+        .tempdir_in(base)
+        .unwrap();
+    let run = |probe: bool| {
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--fork", "bash", "-c", SETUP, "setup"])
+            .arg(dir.path())
+            .arg(crate::support::bin());
+        if probe {
+            cmd.arg("probe");
+        }
+        cmd
+    };
+    let probe = run(true).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: no private mount namespace with an overlay of / here (needs root)");
+        return;
+    }
+    let w = Wrapper::start_with(
+        run(false),
+        &env("exec", &["/bin/sh", "-c", "pwd; cat marker.txt"]),
+    );
+    let r = w.get("/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "/app/code\nfrom-app-code\n");
+}
