@@ -30,6 +30,7 @@ WORK=$(mktemp -d /tmp/runr-bench-receiver.XXXXXX)
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
