@@ -31,6 +31,8 @@ const HEADER_WAIT: Duration = Duration::from_secs(15 * 60);
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// A readiness probe is a tiny request; a registry that does not answer it quickly is not ready.
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
+/// The token flow (oci-client): `GET /v2/` and the token service, both small answers.
+const TOKEN_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Manifests larger than this are refused (distribution's own limit is 4 MiB).
 const MANIFEST_LIMIT: usize = 4 << 20;
 /// Every manifest kind prewarm understands, for the `Accept` header.
@@ -202,7 +204,7 @@ impl Cache {
             access,
             Timeouts {
                 connect: CONNECT_TIMEOUT,
-                read: PING_TIMEOUT * 6,
+                read: TOKEN_READ_TIMEOUT,
             },
             user_agent,
         )?;
@@ -241,12 +243,8 @@ impl Cache {
         repository: &str,
         reference: &str,
     ) -> Result<RawManifest, FetchError> {
-        let what = format!("manifest {repository}:{reference}");
-        let what = if reference.contains(':') {
-            what.replacen(&format!(":{reference}"), &format!("@{reference}"), 1)
-        } else {
-            what
-        };
+        let sep = if reference.contains(':') { '@' } else { ':' };
+        let what = format!("manifest {repository}{sep}{reference}");
         let url = format!("{}/v2/{repository}/manifests/{reference}", self.base);
         let accept = MANIFEST_TYPES.join(", ");
         let mut resp = self

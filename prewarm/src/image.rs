@@ -36,6 +36,9 @@ pub struct Shared {
     pub fetcher: Arc<Fetcher>,
     /// Registry readiness.
     pub readiness: Readiness,
+    /// Manifest requests at once. A Zot cache syncs a whole image before it answers one, so a
+    /// long image list must not start every sync at the same moment.
+    pub manifest_slots: tokio::sync::Semaphore,
     /// The configuration.
     pub config: Config,
 }
@@ -167,10 +170,13 @@ async fn attempt(
 ) -> Result<(), FetchError> {
     let repo = image.repository.as_str();
     if progress.digest.is_none() {
-        let raw = shared
-            .cache
-            .manifest(repo, image.manifest_reference())
-            .await?;
+        let raw = {
+            let _slot = shared.manifest_slots.acquire().await;
+            shared
+                .cache
+                .manifest(repo, image.manifest_reference())
+                .await?
+        };
         let what = format!("manifest {image}");
         let digest = manifest_digest(&raw, image.digest.as_deref(), &what)?;
         match parse_manifest(&raw, &what)? {
@@ -185,11 +191,10 @@ async fn attempt(
 
     let mut first_error = None;
     let wanted: Vec<String> = progress.manifests_missing.iter().cloned().collect();
-    let fetched = join_all(
-        wanted
-            .iter()
-            .map(|digest| fetch_platform_manifest(&shared.cache, repo, digest)),
-    )
+    let fetched = join_all(wanted.iter().map(|digest| async move {
+        let _slot = shared.manifest_slots.acquire().await;
+        fetch_platform_manifest(&shared.cache, repo, digest).await
+    }))
     .await;
     for (digest, result) in wanted.iter().zip(fetched) {
         match result {

@@ -55,6 +55,7 @@ pub async fn run(config: Config) -> Result<Summary, SetupError> {
     let shared = image::Shared {
         fetcher: blobs::Fetcher::new(Arc::clone(&cache)),
         readiness: readiness::Readiness::new(Arc::clone(&cache), config.wait),
+        manifest_slots: tokio::sync::Semaphore::new(config.concurrency),
         cache,
         config,
     };
