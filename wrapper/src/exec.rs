@@ -1,6 +1,7 @@
 //! Exec mode: one process per invocation. Stdin gets the envelope (or the raw body), stdout is
 //! the answer, stderr goes to the logs line by line; the process group dies on timeout.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -25,6 +26,9 @@ pub const CODE_DIR: &str = "/app/code";
 /// Starts the handler once per invocation.
 #[derive(Debug, Clone)]
 pub struct Exec {
+    /// `command[0]`, resolved on PATH once.
+    program: String,
+    /// argv as configured (argv[0] stays as the user wrote it).
     command: Vec<String>,
     cwd: Option<PathBuf>,
     input: Input,
@@ -40,12 +44,9 @@ enum Collected {
 impl Exec {
     /// The exec invoker for `config`.
     pub fn new(config: &Config) -> Exec {
-        let mut command = config.command.clone();
-        if let Some(path) = resolve(&command[0]) {
-            command[0] = path;
-        }
         Exec {
-            command,
+            program: resolve(&config.command[0]).unwrap_or_else(|| config.command[0].clone()),
+            command: config.command.clone(),
             cwd: code_dir(),
             input: config.input,
             timeout: config.timeout,
@@ -55,8 +56,9 @@ impl Exec {
     /// Runs the handler for `req` and maps what it did to an answer.
     pub async fn invoke(&self, req: &Request) -> Outcome {
         let deadline = Instant::now() + self.timeout;
-        let mut cmd = Command::new(&self.command[0]);
-        cmd.args(&self.command[1..])
+        let mut cmd = Command::new(&self.program);
+        cmd.arg0(&self.command[0])
+            .args(&self.command[1..])
             .envs(req.exec_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

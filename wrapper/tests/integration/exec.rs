@@ -456,3 +456,17 @@ exec chroot "$T/m" /runr-wrapper-under-test"#;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.text(), "/app/code\nfrom-app-code\n");
 }
+
+#[test]
+fn argv_is_exactly_the_configured_command() {
+    // The program is looked up on PATH once, but argv[0] stays as written (busybox-style
+    // programs dispatch on it).
+    let w = Wrapper::start(&env(
+        "exec",
+        &["sh", "-c", "tr '\\0' '|' < /proc/$$/cmdline", "x y"],
+    ));
+    assert_eq!(
+        w.get("/").text(),
+        "sh|-c|tr '\\0' '|' < /proc/$$/cmdline|x y|"
+    );
+}
