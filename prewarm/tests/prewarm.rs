@@ -312,3 +312,28 @@ fn version_subcommand() {
         format!("runr-prewarm {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[test]
+fn too_many_requests_waits_as_long_as_retry_after_says() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let front = fixtures::TooManyRequests::start(cache.addr(), "/v2/small/manifests/1", 1, 2);
+    let mut env = base_env(&front.host(), "small:1");
+    env.push(("RUNR_PREWARM_BACKOFF".into(), "10ms".into()));
+    let done = run(&env);
+    assert_eq!(done.code, 0, "{done:?}");
+    let summary = done.summary();
+    assert_eq!(done.image(&summary, "small:1")["attempts"], 2, "{done:?}");
+    assert!(done.stderr.contains("HTTP 429"), "{done:?}");
+    // The backoff alone would be at most 10 ms: the pause must be the 2 s the registry asked for.
+    let retry_in: f64 = done
+        .stderr
+        .lines()
+        .find_map(|l| l.split("retry_in_s=").nth(1))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no retry line: {done:?}"));
+    assert!(retry_in >= 2.0, "retry_in_s={retry_in}: {done:?}");
+}
