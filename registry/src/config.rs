@@ -98,7 +98,9 @@ impl RegistryConfig {
                 None
             }
         };
-        let ca_file = get(ENV_CA_FILE).filter(|s| !s.is_empty()).map(PathBuf::from);
+        let ca_file = get(ENV_CA_FILE)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
         if let Some(path) = &ca_file {
             if !path.is_file() {
                 errors.push(ConfigError::new(
