@@ -337,3 +337,26 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
         .unwrap_or_else(|| panic!("no retry line: {done:?}"));
     assert!(retry_in >= 2.0, "retry_in_s={retry_in}: {done:?}");
 }
+
+#[test]
+fn a_long_blob_reports_progress_every_10_seconds() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    // About 180 KiB/s per connection: each 2 MiB layer of big:1 takes more than 10 s.
+    let link = SlowLink::start(up.registry.addr(), 180 << 10);
+    let cache = Registry::start_proxy(&link.url());
+    let env = env_with(&cache, "big:1", &[]);
+    let done = Prewarm::start(&env, &[]).finish(Duration::from_secs(90));
+    assert_eq!(done.code, 0, "{done:?}");
+    let progress = done
+        .stderr
+        .lines()
+        .find(|l| l.contains("fetching blob=blob big@sha256:"))
+        .unwrap_or_else(|| panic!("no progress line: {done:?}"));
+    assert!(
+        progress.contains(" bytes=") && progress.contains(" size=2"),
+        "{progress}"
+    );
+}
