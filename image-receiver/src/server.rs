@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,6 +29,9 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// Chunk bytes are handed to the disk in batches of about this size: large enough that the
 /// hop to a blocking thread is rare, small enough that a request holds little memory.
 const WRITE_BATCH: usize = 1024 * 1024;
+
+/// Batch buffers kept for reuse (more concurrent chunks allocate their own).
+const POOLED_BUFFERS: usize = 4;
 
 /// Largest read buffer hyper may grow to per connection.
 const READ_BUFFER: usize = 1024 * 1024;
@@ -122,6 +125,41 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
 struct Ctx {
     upload: Arc<Upload>,
     processor: Processor,
+    /// Batch buffers of finished chunks, for the next ones.
+    buffers: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Ctx {
+    fn take_buffer(&self) -> Vec<u8> {
+        let pooled = self.buffers.lock().ok().and_then(|mut b| b.pop());
+        pooled.unwrap_or_else(|| Vec::with_capacity(WRITE_BATCH))
+    }
+
+    fn give_buffer(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        if buf.capacity() >= WRITE_BATCH {
+            if let Ok(mut pool) = self.buffers.lock() {
+                if pool.len() < POOLED_BUFFERS {
+                    pool.push(buf);
+                }
+            }
+        }
+    }
+}
+
+/// How a chunk's body ended, when not well.
+enum ChunkEnd {
+    /// The connection broke or the framing was bad.
+    Broken(hyper::Error),
+    /// A limit was hit or the write failed.
+    Refused(ChunkError),
+}
+use ChunkEnd::{Broken, Refused};
+
+impl From<ChunkError> for ChunkEnd {
+    fn from(e: ChunkError) -> Self {
+        Refused(e)
+    }
 }
 
 /// Serves `listener` until `shutdown` completes, then stops accepting and waits up to
@@ -133,7 +171,11 @@ pub async fn run(
     processor: Processor,
     shutdown: impl Future<Output = ()>,
 ) {
-    let ctx = Arc::new(Ctx { upload, processor });
+    let ctx = Arc::new(Ctx {
+        upload,
+        processor,
+        buffers: Mutex::new(Vec::new()),
+    });
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     // The timer gives hyper its header-read timeout (slow clients cannot pin a task).
@@ -219,42 +261,45 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
         Err(e) => return chunk_error(e),
     };
     let mut body = req.into_body();
-    let mut batch: Vec<Bytes> = Vec::new();
-    let mut batched = 0usize;
-    loop {
-        let frame = match body.frame().await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
-                // The client went away mid-chunk: what was written stays unrecorded unless a
-                // batch completed, and the client sends the chunk again.
-                tracing::debug!(error = %e, offset, "chunk body ended early");
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_chunk",
-                    "the chunk's body ended early; send it again",
-                );
+    // Frames are copied into a pooled buffer at once: hyper then reuses its read buffer, where
+    // holding the frames would make it allocate (and fault in) fresh memory for every byte.
+    let mut batch = ctx.take_buffer();
+    let result = async {
+        loop {
+            let frame = match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Err(Broken(e)),
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers carry nothing for us
+            };
+            writer.check_room((batch.len() + data.len()) as u64)?;
+            if !batch.is_empty() && batch.len() + data.len() > WRITE_BATCH {
+                batch = writer.write(std::mem::take(&mut batch)).await?;
             }
-        };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers carry nothing for us
-        };
-        if let Err(e) = writer.check_room((batched + data.len()) as u64) {
-            return chunk_error(e);
+            batch.extend_from_slice(&data);
         }
-        batched += data.len();
-        batch.push(data);
-        if batched >= WRITE_BATCH {
-            if let Err(e) = writer.write(std::mem::take(&mut batch)).await {
-                return chunk_error(e);
-            }
-            batched = 0;
+        if !batch.is_empty() {
+            batch = writer.write(std::mem::take(&mut batch)).await?;
         }
+        Ok(())
     }
-    if !batch.is_empty() {
-        if let Err(e) = writer.write(batch).await {
-            return chunk_error(e);
+    .await;
+    ctx.give_buffer(batch);
+    match result {
+        Ok(()) => {}
+        Err(Broken(e)) => {
+            // The client went away mid-chunk: nothing of it is recorded (the writer releases
+            // its claims), and the client sends the chunk again.
+            tracing::debug!(error = %e, offset, "chunk body ended early");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_chunk",
+                "the chunk's body ended early; send it again",
+            );
         }
+        Err(Refused(e)) => return chunk_error(e),
     }
     let len = writer.written();
     match writer.finish() {

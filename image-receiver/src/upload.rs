@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -461,10 +460,9 @@ impl Upload {
         &self,
         generation: u64,
         pos: u64,
-        data: &[Bytes],
+        data: &[u8],
     ) -> Result<Vec<(u64, u64)>, ChunkError> {
-        let len: u64 = data.iter().map(|b| b.len() as u64).sum();
-        let end = pos + len;
+        let end = pos + data.len() as u64;
         let pieces = {
             let mut inner = self.lock();
             if inner.generation != generation {
@@ -480,7 +478,8 @@ impl Upload {
             pieces
         };
         for &(s, e) in &pieces {
-            if let Err(source) = write_piece(&self.file, pos, data, s, e) {
+            let piece = &data[(s - pos) as usize..(e - pos) as usize];
+            if let Err(source) = self.file.write_all_at(piece, s) {
                 self.release(&pieces);
                 return Err(ChunkError::Write {
                     path: self.data_path.clone(),
@@ -613,24 +612,6 @@ fn status_of(inner: &Inner, size: u64) -> Status {
     }
 }
 
-/// Writes the part `[s, e)` of the buffers that start at `pos`.
-fn write_piece(file: &File, pos: u64, data: &[Bytes], s: u64, e: u64) -> io::Result<()> {
-    let mut at = pos;
-    for buf in data {
-        let buf_end = at + buf.len() as u64;
-        let from = s.max(at);
-        let to = e.min(buf_end);
-        if from < to {
-            file.write_all_at(&buf[(from - at) as usize..(to - at) as usize], from)?;
-        }
-        at = buf_end;
-        if at >= e {
-            break;
-        }
-    }
-    Ok(())
-}
-
 // === impl ChunkWriter ===
 
 /// One chunk being received: its bytes go to the data file in batches as they arrive, and are
@@ -669,21 +650,26 @@ impl ChunkWriter {
     }
 
     /// Writes the next bytes of the chunk (on a blocking thread: `pwrite` may wait for the
-    /// disk).
-    pub async fn write(&mut self, data: Vec<Bytes>) -> Result<(), ChunkError> {
-        let len: u64 = data.iter().map(|b| b.len() as u64).sum();
+    /// disk) and hands the buffer back, emptied, for the next batch.
+    pub async fn write(&mut self, data: Vec<u8>) -> Result<Vec<u8>, ChunkError> {
+        let len = data.len() as u64;
         self.check_room(len)?;
         let upload = self.upload.clone();
         let (generation, pos) = (self.generation, self.pos);
-        let pieces = tokio::task::spawn_blocking(move || upload.write_at(generation, pos, &data))
-            .await
-            .map_err(|e| ChunkError::Write {
-                path: self.upload.data_path.clone(),
-                source: io::Error::other(e),
-            })??;
+        let (pieces, mut data) = tokio::task::spawn_blocking(move || {
+            upload
+                .write_at(generation, pos, &data)
+                .map(|pieces| (pieces, data))
+        })
+        .await
+        .map_err(|e| ChunkError::Write {
+            path: self.upload.data_path.clone(),
+            source: io::Error::other(e),
+        })??;
         self.pieces.extend(pieces);
         self.pos += len;
-        Ok(())
+        data.clear();
+        Ok(data)
     }
 
     /// Records the whole chunk (in memory, then in the state file) and answers the new status.
@@ -857,7 +843,7 @@ mod tests {
         let mut w = upload
             .begin_chunk(offset, Some(data.len() as u64))
             .expect("chunk accepted");
-        w.write(vec![Bytes::copy_from_slice(data)]).await.unwrap();
+        w.write(data.to_vec()).await.unwrap();
         w.finish().unwrap()
     }
 
@@ -897,9 +883,7 @@ mod tests {
         let upload = Upload::open(dir.path(), 100, &sha_hex(b"")).unwrap();
         {
             let mut w = upload.begin_chunk(10, None).unwrap();
-            w.write(vec![Bytes::from_static(b"0123456789")])
-                .await
-                .unwrap();
+            w.write(b"0123456789".to_vec()).await.unwrap();
             assert!(matches!(
                 w.check_room(81),
                 Err(ChunkError::OutOfRange { .. })
