@@ -34,7 +34,7 @@ pub const EXIT_CONFIG: u8 = 2;
 
 /// The client could not be set up from the configuration (e.g. a malformed CA file).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up the registry client: {0}")]
+#[error("cannot set up the registry client (is RUNR_REGISTRY_CA_FILE a PEM file?): {0}")]
 pub struct SetupError(#[from] pub runr_registry::ClientError);
 
 /// Warms every configured image and returns the summary.

@@ -301,6 +301,17 @@ fn bad_configuration_exits_2_naming_each_variable() {
 
     let unknown = Prewarm::start(&env, &["warm"]).finish(Duration::from_secs(10));
     assert_eq!(unknown.code, 2, "{unknown:?}");
+
+    // A CA file that exists but holds no certificate is caught before anything is contacted.
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("ca.pem");
+    std::fs::write(&pem, "not a certificate\n").unwrap();
+    let mut env = base_env("127.0.0.1:1", "small:1");
+    env.push(("RUNR_REGISTRY_CA_FILE".into(), pem.display().to_string()));
+    let done = run(&env);
+    assert_eq!(done.code, 2, "{done:?}");
+    assert!(done.stderr.contains("RUNR_REGISTRY_CA_FILE"), "{done:?}");
+    assert!(done.stderr.contains("no PEM certificate"), "{done:?}");
 }
 
 #[test]

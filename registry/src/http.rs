@@ -33,10 +33,16 @@ pub fn build_http_client(
             path: path.display().to_string(),
             source,
         })?;
-        roots.extend(
-            reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| ClientError::Build(format!("{}: {e}", path.display())))?,
-        );
+        let extra = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| ClientError::Build(format!("{}: {e}", path.display())))?;
+        // A file without a single certificate is a mistake, not "no extra roots".
+        if extra.is_empty() {
+            return Err(ClientError::Build(format!(
+                "{}: no PEM certificate in it",
+                path.display()
+            )));
+        }
+        roots.extend(extra);
     }
     reqwest::Client::builder()
         .tls_certs_only(roots)
@@ -97,6 +103,19 @@ mod tests {
         );
         assert_eq!(retry_after(&headers("soon"), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let file = std::env::temp_dir().join(format!("runr-no-cert-{}.pem", std::process::id()));
+        std::fs::write(&file, "not a certificate\n").unwrap();
+        let cfg = RegistryConfig {
+            ca_file: Some(file.clone()),
+            ..RegistryConfig::default()
+        };
+        let err = build_http_client(&cfg, Duration::from_secs(1), "runr-test").unwrap_err();
+        std::fs::remove_file(&file).unwrap();
+        assert!(err.to_string().contains("no PEM certificate"), "{err}");
     }
 
     #[test]
