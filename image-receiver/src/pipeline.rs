@@ -233,8 +233,11 @@ async fn push_docker(
                 .iter()
                 .map(|l| push_docker_layer(pusher, &file, l, compress).boxed())
                 .collect();
+            // Compression already keeps both cores busy on one layer; otherwise two layers go
+            // at once to overlap round trips.
+            let parallel = if needs_gzip { 1 } else { 2 };
             futures_util::stream::iter(pushes)
-                .buffered(2)
+                .buffered(parallel)
                 .try_collect()
                 .await?
         }
