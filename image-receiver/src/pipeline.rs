@@ -161,7 +161,7 @@ pub async fn process_with(
         .map_err(|e| ProcessError::new(e.to_string()))?;
     let pushed = match detected {
         Detected::Oci(image) => push_oci(&pusher, image).await,
-        Detected::Docker(image) => push_docker(&pusher, image, opts.compress).await,
+        Detected::Docker(image) => push_docker(&pusher, image, opts.compress, &opts.work_dir).await,
         Detected::Wasm(module) => push_wasm(&pusher, module).await,
     };
     pushed.map_err(|e| match e {
@@ -208,6 +208,7 @@ async fn push_docker(
     pusher: &Pusher,
     image: DockerImage,
     compress: Compress,
+    work_dir: &Path,
 ) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
     pusher
@@ -231,13 +232,11 @@ async fn push_docker(
             let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
                 .layers
                 .iter()
-                .map(|l| push_docker_layer(pusher, &file, l, compress).boxed())
+                .map(|l| push_docker_layer(pusher, &file, l, compress, work_dir).boxed())
                 .collect();
-            // Compression already keeps both cores busy on one layer; otherwise two layers go
-            // at once to overlap round trips.
-            let parallel = if needs_gzip { 1 } else { 2 };
+            // Two layers at once: one compresses (on both cores) while the other is pushed.
             futures_util::stream::iter(pushes)
-                .buffered(parallel)
+                .buffered(2)
                 .try_collect()
                 .await?
         }
@@ -285,6 +284,7 @@ async fn push_docker_layer(
     file: &Arc<std::fs::File>,
     layer: &DockerLayer,
     compress: Compress,
+    work_dir: &Path,
 ) -> Result<Value, PushError> {
     let (media_type, digest, size) = if layer.gzipped {
         // Already compressed: its digest is not in the archive's documents, and its content must
@@ -311,9 +311,23 @@ async fn push_docker_layer(
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
     } else if compress == Compress::Gzip {
-        let (digest, size) = pusher
-            .push_gzipped(file, layer.span, &layer.diff_id, &layer.name)
-            .await?;
+        let (packed, size, digest) = {
+            let file = file.clone();
+            let span = layer.span;
+            let diff_id = layer.diff_id.clone();
+            let name = layer.name.clone();
+            let work_dir = work_dir.to_path_buf();
+            tokio::task::spawn_blocking(move || {
+                crate::push::compress_layer(&file, span, &diff_id, &name, &work_dir)
+            })
+            .await
+            .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))??
+        };
+        let span = Span {
+            offset: 0,
+            len: size,
+        };
+        pusher.push_span(&packed, span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
         pusher

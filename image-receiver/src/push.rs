@@ -2,13 +2,17 @@
 //! failures.
 //!
 //! - A blob the registry has (HEAD) is not sent again.
-//! - Blobs stream from their offsets in the archive, 4 MiB at a time (oci-client's fixed chunk
-//!   size, one PATCH each), never whole in memory; the stream hashes what it sends and fails
-//!   before the upload is committed when the bytes do not match the digest, so a damaged file is
-//!   reported in its own terms and nothing wrong lands in the registry.
-//! - Uncompressed classic layers are gzip'ed on the way (`RUNR_UPLOAD_COMPRESS=gzip`): blocks are
-//!   compressed on both cores as independent gzip members (a multi-member gzip stream, which every
-//!   gzip reader, Go's included, reads as one) and streamed out as they are ready.
+//! - Blobs stream from their offsets in the archive in one monolithic `PUT` each (a second
+//!   oci-client with `use_monolithic_push`: the chunked mode PATCHes 4 MiB at a time, a size
+//!   oci-client fixes, and the distribution registry pays per PATCH — ~2.5× slower on 1 GiB).
+//!   Never whole in memory: 4 MiB reads feed the request body. The stream hashes what it sends
+//!   and fails before the upload is committed when the bytes do not match the digest, so a
+//!   damaged file is reported in its own terms and nothing wrong lands in the registry.
+//! - Uncompressed classic layers are gzip'ed first (`RUNR_UPLOAD_COMPRESS=gzip`) into an unlinked
+//!   temporary file in `RUNR_UPLOAD_DIR`: 1 MiB blocks, two at a time on two threads, each an
+//!   independent gzip member (a multi-member stream, which every gzip reader, Go's included,
+//!   reads as one); blocks that do not compress are stored. Then the file is pushed like any
+//!   blob, so its digest is known before the push (HEAD-skip, monolithic PUT).
 //! - Transient failures (connection, 5xx, 429) are retried [`RETRIES`] times with backoff; then
 //!   the registry's own message is reported.
 
@@ -32,7 +36,7 @@ pub const RETRIES: u32 = 3;
 /// Bytes read (and sent) per step: oci-client PATCHes each stream item of up to 4 MiB as is.
 const BLOCK: usize = 4 << 20;
 /// Bytes gzip'ed as one member; two are compressed at once. Small enough to keep memory low,
-/// large enough that a member's 18 bytes of framing and lost context do not matter.
+/// large enough that a member's framing and lost context do not matter.
 const GZIP_BLOCK: usize = 1 << 20;
 /// Seen in the registry's logs.
 const USER_AGENT: &str = concat!("runr-image-upload/", env!("CARGO_PKG_VERSION"));
@@ -74,6 +78,8 @@ pub enum PushError {
 /// Pushes into one repository; the tag of [`Pusher::target`] is written last.
 pub struct Pusher {
     client: Client,
+    /// Same registry and credentials, pushing blobs in one PUT each.
+    blobs: Client,
     auth: RegistryAuth,
     target: Reference,
     backoff: Backoff,
@@ -91,12 +97,15 @@ impl Pusher {
             .map_err(|_| PushError::Target(target.to_string()))?;
         let client = build_client(registry, Timeouts::default(), USER_AGENT)
             .map_err(|e| PushError::Client(e.to_string()))?;
+        let blobs = monolithic_client(registry)?;
         let auth = registry.auth();
-        client
-            .store_auth_if_needed(target.resolve_registry(), &auth)
-            .await;
+        for c in [&client, &blobs] {
+            c.store_auth_if_needed(target.resolve_registry(), &auth)
+                .await;
+        }
         Ok(Pusher {
             client,
+            blobs,
             auth,
             target,
             backoff,
@@ -193,7 +202,7 @@ impl Pusher {
                     what.to_string(),
                     mismatch.clone(),
                 );
-                self.client
+                self.blobs
                     .push_blob_stream(&self.target, stream, digest, Some(span.len))
             })
             .await;
@@ -209,39 +218,10 @@ impl Pusher {
             return Ok(());
         }
         self.retry(&format!("pushing {what} {digest}"), || {
-            self.client.push_blob(&self.target, data.clone(), digest)
+            self.blobs.push_blob(&self.target, data.clone(), digest)
         })
         .await
         .map(|_| ())
-    }
-
-    /// gzip's an uncompressed layer on the way (both cores), checking its uncompressed digest
-    /// against `diff_id`; returns the compressed blob's digest and size.
-    pub async fn push_gzipped(
-        &self,
-        file: &Arc<File>,
-        span: Span,
-        diff_id: &str,
-        name: &str,
-    ) -> Result<(String, u64), PushError> {
-        let mismatch = Arc::new(Mutex::new(None));
-        let result = self
-            .retry(&format!("pushing layer {name} (gzip'ed)"), || {
-                let stream = gzip_stream(
-                    file.clone(),
-                    span,
-                    diff_id.to_string(),
-                    name.to_string(),
-                    mismatch.clone(),
-                );
-                self.client.push_blob_stream_chunked(&self.target, stream)
-            })
-            .await;
-        if let Some(message) = mismatch.lock().expect("mismatch lock").take() {
-            return Err(PushError::Content(message));
-        }
-        let pushed = result?;
-        Ok((pushed.blob_digest, pushed.size))
     }
 
     /// Pushes a manifest by digest (`tag == false`) or as the target tag.
@@ -298,6 +278,133 @@ impl Pusher {
     }
 }
 
+/// An oci-client like [`build_client`]'s (same roots, protocol and timeouts) that pushes each
+/// blob in one request. `build_client` (runr-registry) has no switch for this, hence the copy;
+/// it has run first, so the crypto provider is installed and the CA file was readable.
+fn monolithic_client(registry: &RegistryConfig) -> Result<Client, PushError> {
+    use runr_registry::oci_client::client::{
+        Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
+    };
+    let mut roots: Vec<Certificate> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+        .iter()
+        .map(|der| Certificate {
+            encoding: CertificateEncoding::Der,
+            data: der.as_ref().to_vec(),
+        })
+        .collect();
+    if let Some(path) = &registry.ca_file {
+        let data = std::fs::read(path)
+            .map_err(|e| PushError::Client(format!("{}: {e}", path.display())))?;
+        roots.push(Certificate {
+            encoding: CertificateEncoding::Pem,
+            data,
+        });
+    }
+    let timeouts = Timeouts::default();
+    let config = ClientConfig {
+        protocol: if registry.plain_http {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
+        tls_certs_only: roots,
+        connect_timeout: Some(timeouts.connect),
+        read_timeout: Some(timeouts.read),
+        user_agent: USER_AGENT,
+        use_monolithic_push: true,
+        ..ClientConfig::default()
+    };
+    Client::try_from(config).map_err(|e| PushError::Client(e.to_string()))
+}
+
+/// gzip's an uncompressed layer (`span` of `file`) into an unlinked temporary file in
+/// `work_dir`, checking its uncompressed digest against `diff_id` on the way. Returns the
+/// compressed file, its length and its digest. Blocking: run it on a blocking thread.
+pub fn compress_layer(
+    file: &File,
+    span: Span,
+    diff_id: &str,
+    name: &str,
+    work_dir: &std::path::Path,
+) -> Result<(Arc<File>, u64, String), PushError> {
+    use std::io::Write;
+    let io_err = |what: &str, e: std::io::Error| {
+        PushError::Content(format!("{what} while compressing layer {name}: {e}"))
+    };
+    let tmp_path = work_dir.join(format!(
+        ".runr-layer-{}-{}.gz",
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let out = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp_path)
+        .map_err(|e| io_err(&format!("creating {}", tmp_path.display()), e))?;
+    // Only the handle keeps the data: nothing is left behind, whatever happens next.
+    let _ = std::fs::remove_file(&tmp_path);
+    let mut writer = std::io::BufWriter::with_capacity(1 << 20, &out);
+    let mut raw = Sha256::new();
+    let mut packed = Sha256::new();
+    let mut len = 0u64;
+    let mut pos = span.offset;
+    let end = span.offset + span.len;
+    let mut first = true;
+    while pos < end || first {
+        first = false;
+        let mut blocks = Vec::with_capacity(2);
+        for _ in 0..2 {
+            if pos >= end && !blocks.is_empty() {
+                break;
+            }
+            let n = (end - pos).min(GZIP_BLOCK as u64) as usize;
+            let mut buf = vec![0u8; n];
+            file.read_exact_at(&mut buf, pos)
+                .map_err(|e| io_err("reading the archive", e))?;
+            raw.update(&buf);
+            pos += n as u64;
+            blocks.push(buf);
+        }
+        // Two blocks at once: one on a helper thread, one here.
+        let members: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let mut it = blocks.iter();
+            let a = it.next().expect("a block");
+            let helper = it.next().map(|b| s.spawn(move || gzip_member(b)));
+            let mut v = vec![gzip_member(a)];
+            if let Some(h) = helper {
+                v.push(h.join().expect("gzip thread"));
+            }
+            v
+        });
+        for m in members {
+            packed.update(&m);
+            len += m.len() as u64;
+            writer
+                .write_all(&m)
+                .map_err(|e| io_err(&format!("writing into {}", work_dir.display()), e))?;
+        }
+    }
+    writer
+        .flush()
+        .map_err(|e| io_err(&format!("writing into {}", work_dir.display()), e))?;
+    drop(writer);
+    let actual = format!("sha256:{}", hex(&raw.finalize()));
+    if actual != diff_id {
+        return Err(PushError::Content(format!(
+            "layer {name} in the file does not match its diff_id {diff_id} (its content hashes to {actual}): the file is damaged"
+        )));
+    }
+    Ok((
+        Arc::new(out),
+        len,
+        format!("sha256:{}", hex(&packed.finalize())),
+    ))
+}
+
+/// Makes temporary names unique within the process.
+static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The registry's (or the connection's) own words, with the causes a reqwest error hides.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
@@ -319,8 +426,9 @@ fn stream_error(message: &str) -> OciDistributionError {
     OciDistributionError::GenericError(Some(message.to_string()))
 }
 
-/// `span` of `file`, 4 MiB per item, hashed; at the end a mismatch with `digest` becomes an error
-/// item (and is recorded in `mismatch`), so oci-client never commits the upload.
+/// `span` of `file`, 4 MiB per item, hashed. The last block is checked before it is handed over:
+/// on a mismatch with `digest` an error item takes its place (and is recorded in `mismatch`), so
+/// the request body ends short and the registry never commits the upload.
 fn span_stream(
     file: Arc<File>,
     span: Span,
@@ -345,114 +453,39 @@ fn span_stream(
         let what = what.clone();
         let mismatch = mismatch.clone();
         async move {
+            // `None` once the last block (or an error) went out.
             let mut hasher = st.hasher.take()?;
-            if st.pos >= st.end {
-                let actual = format!("sha256:{}", hex(&hasher.finalize()));
-                if actual == digest {
-                    return None;
-                }
-                let message = format!(
-                    "{what} {digest} in the file does not match its digest (its content hashes to {actual}): the file is damaged"
-                );
-                *mismatch.lock().expect("mismatch lock") = Some(message.clone());
-                return Some((Err(stream_error(&message)), st));
-            }
             let n = (st.end - st.pos).min(BLOCK as u64) as usize;
+            let last = st.pos + n as u64 >= st.end;
             let (file, pos) = (st.file.clone(), st.pos);
             let read = tokio::task::spawn_blocking(move || {
                 let mut buf = vec![0u8; n];
                 file.read_exact_at(&mut buf, pos)?;
                 hasher.update(&buf);
-                Ok::<_, std::io::Error>((buf, hasher))
+                let actual = last.then(|| format!("sha256:{}", hex(&hasher.clone().finalize())));
+                Ok::<_, std::io::Error>((buf, hasher, actual))
             })
             .await;
             match read {
-                Ok(Ok((buf, hasher))) => {
+                Ok(Ok((buf, hasher, actual))) => {
                     st.pos += n as u64;
-                    st.hasher = Some(hasher);
+                    match actual {
+                        Some(actual) if actual != digest => {
+                            let message = format!(
+                                "{what} {digest} in the file does not match its digest (its content hashes to {actual}): the file is damaged"
+                            );
+                            *mismatch.lock().expect("mismatch lock") = Some(message.clone());
+                            return Some((Err(stream_error(&message)), st));
+                        }
+                        Some(_) => {}
+                        None => st.hasher = Some(hasher),
+                    }
                     Some((Ok(Bytes::from(buf)), st))
                 }
                 Ok(Err(e)) => Some((Err(stream_error(&format!("reading {what}: {e}"))), st)),
                 Err(e) => Some((Err(stream_error(&format!("reading {what}: {e}"))), st)),
             }
         }
-    })
-}
-
-/// The gzip'ed form of `span`, produced on a blocking thread (two blocks at a time on two
-/// threads) and handed over through a small channel, so memory stays at a few blocks.
-fn gzip_stream(
-    file: Arc<File>,
-    span: Span,
-    diff_id: String,
-    name: String,
-    mismatch: Arc<Mutex<Option<String>>>,
-) -> impl Stream<Item = Item> + Send + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(1);
-    tokio::task::spawn_blocking(move || {
-        let mut raw = Sha256::new();
-        let mut pos = span.offset;
-        let end = span.offset + span.len;
-        let mut out: Vec<u8> = Vec::with_capacity(BLOCK);
-        let mut first = true;
-        while pos < end || first {
-            first = false;
-            // Two blocks: one compressed on a helper thread, one here.
-            let mut blocks = Vec::with_capacity(2);
-            for _ in 0..2 {
-                if pos >= end && !blocks.is_empty() {
-                    break;
-                }
-                let n = (end - pos).min(GZIP_BLOCK as u64) as usize;
-                let mut buf = vec![0u8; n];
-                if let Err(e) = file.read_exact_at(&mut buf, pos) {
-                    let _ =
-                        tx.blocking_send(Err(stream_error(&format!("reading layer {name}: {e}"))));
-                    return;
-                }
-                raw.update(&buf);
-                pos += n as u64;
-                blocks.push(buf);
-            }
-            let members: Vec<Vec<u8>> = std::thread::scope(|s| {
-                let mut it = blocks.iter();
-                let a = it.next().expect("a block");
-                let helper = it.next().map(|b| s.spawn(move || gzip_member(b)));
-                let mut v = vec![gzip_member(a)];
-                if let Some(h) = helper {
-                    v.push(h.join().expect("gzip thread"));
-                }
-                v
-            });
-            drop(blocks);
-            for m in members {
-                // oci-client sends each item as one PATCH: keep them near 4 MiB, and never let
-                // the buffer outgrow its allocation (a doubled Vec would travel on as 8 MiB).
-                if out.len() + m.len() > BLOCK && !out.is_empty() {
-                    let chunk = std::mem::replace(&mut out, Vec::with_capacity(BLOCK));
-                    if tx.blocking_send(Ok(Bytes::from(chunk))).is_err() {
-                        return;
-                    }
-                }
-                out.extend_from_slice(&m);
-            }
-        }
-        let actual = format!("sha256:{}", hex(&raw.finalize()));
-        if actual != diff_id {
-            let message = format!(
-                "layer {name} in the file does not match its diff_id {diff_id} (its content hashes to {actual}): the file is damaged"
-            );
-            *mismatch.lock().expect("mismatch lock") = Some(message.clone());
-            let _ = tx.blocking_send(Err(stream_error(&message)));
-            return;
-        }
-        if !out.is_empty() {
-            let _ = tx.blocking_send(Ok(Bytes::from(out)));
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        Some((item, rx))
     })
 }
 
