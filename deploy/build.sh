@@ -213,7 +213,7 @@ build_images() {
   for b in "${BINARIES[@]}"; do
     local ref="$prefix/$(image_name "$b"):$tag"
     build_image "$b" "$arch" "$ref" || die "docker build of deploy/Dockerfile.$b failed"
-    printf '%-45s %10s\n' "$ref" "$(docker image inspect -f '{{.Size}}' "$ref")"
+    printf '%-45s %10s\n' "$ref" "$(docker image inspect -f '{{.Size}}' "$ref" | awk '{ printf "%.2f MiB", $1 / 1048576 }')"
   done
 }
 
@@ -222,7 +222,7 @@ if [ "${RUNR_BUILD_LIB:-0}" != 1 ]; then
   case "$cmd" in
     binaries) shift || true; build_binaries "$@" ;;
     images) shift; build_images "$@" ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
     *) build_binaries "$@" ;;
   esac
 fi
