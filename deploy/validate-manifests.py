@@ -13,7 +13,8 @@ usage: deploy/validate-manifests.py [DIR]   (default: deploy/k8s next to this sc
 3. kustomization.yaml: every manifest file is listed, every listed file exists, every RunR image
    of the manifests has an `images` entry, and all carry the workspace version as tag.
 4. What the spec requires and a schema cannot say: the receiver's security context and /work
-   sizing, the wrapper's init container and /runr emptyDir, the prewarm variables.
+   sizing, the wrapper's init container and /runr emptyDir, the prewarm variables, and that every
+   RUNR_* variable set is one the binary in that container reads (its crates' sources name it).
 
 Prints one line per resource and check; exits 1 when anything fails.
 """
@@ -273,6 +274,51 @@ def check_policies(doc, path, where, rep):
             )
 
 
+# Which crates read the environment of a container, by what runs in it.
+CRATES_OF = {
+    "wrapper": ["wrapper", "tick"],
+    "image-upload": ["image-receiver", "registry"],
+    "prewarm": ["prewarm", "registry"],
+}
+
+
+def variables_read_by(crates):
+    """Every "RUNR_..." / "PORT" string literal in the crates' sources: the variables they know."""
+    names = set()
+    for crate in crates:
+        for base, _, files in os.walk(os.path.join(ROOT, crate, "src")):
+            for f in files:
+                if f.endswith(".rs"):
+                    text = open(os.path.join(base, f), encoding="utf-8").read()
+                    names.update(re.findall(r'"(RUNR_[A-Z0-9_]+|PORT)"', text))
+    return names
+
+
+def check_variables(doc, where, rep):
+    """A RUNR_* variable in a manifest that no binary reads is a typo that fails silently."""
+    pod = pod_spec_of(doc)
+    if pod is None:
+        return
+    for c in pod.get("containers", []):
+        image = c.get("image", "")
+        if c.get("command") == ["/runr/runr-wrapper"]:
+            kind = "wrapper"
+        elif image.startswith(IMAGE_PREFIX):
+            kind = image[len(IMAGE_PREFIX):].split(":", 1)[0]
+        else:
+            continue
+        if kind not in CRATES_OF:
+            continue
+        known = variables_read_by(CRATES_OF[kind])
+        names = [e["name"] for e in c.get("env", []) if e["name"].startswith("RUNR_") or e["name"] == "PORT"]
+        unknown = [n for n in names if n not in known]
+        rep.check(
+            not unknown,
+            f"{where}: {name_of(doc)} container {c['name']}: every RUNR_* variable is read by "
+            f"{'/'.join(CRATES_OF[kind])}" + (f" (unknown: {', '.join(unknown)})" if unknown else ""),
+        )
+
+
 def runr_images(doc):
     """Every image reference under ghcr.io/brf-tech/runr/ in a resource, wherever it is."""
     found = []
@@ -317,6 +363,7 @@ def main():
                 except kubernetes_validate.SchemaNotFoundError as e:
                     rep.fail(f"{where}: {name_of(doc)}: {e.message} (no schema: not allowed here)")
             check_policies(doc, path, where, rep)
+            check_variables(doc, where, rep)
             images.update(runr_images(doc))
 
     kpath = os.path.join(directory, "kustomization.yaml")
