@@ -1,7 +1,8 @@
 /* Time from exec of the wrapper to its first answered request: fork, exec the given command
  * (with PORT in its environment), poll 127.0.0.1:PORT until a GET / gets a full response, kill
- * the process group. Prints microseconds. Build: cc -O2 -o first_answer first_answer.c
- * Run: first_answer PORT cmd args... */
+ * the process group. Prints microseconds. With PROBE=1 in the environment the request carries
+ * K-Network-Probe (answered by the wrapper itself, no handler spawned).
+ * Build: cc -O2 -o first_answer first_answer.c; run: first_answer PORT cmd args... */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -27,7 +28,10 @@ int main(int argc, char **argv) {
         execvp(argv[2], argv + 2);
         _exit(127);
     }
-    const char *req = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const char *probe = getenv("PROBE");
+    const char *req = probe && *probe == '1'
+        ? "GET / HTTP/1.1\r\nHost: x\r\nK-Network-Probe: queue\r\nConnection: close\r\n\r\n"
+        : "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     char buf[4096];
     for (int tries = 0; tries < 200000; tries++) {
         int s = socket(AF_INET, SOCK_STREAM, 0);

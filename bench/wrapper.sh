@@ -118,12 +118,16 @@ read -r FLOOR_CPU FLOOR_WALL <<<"$("$OUT/spawn_floor" 3000)"
 cp "$BIN" "$OUT/runr-wrapper.stripped" && strip "$OUT/runr-wrapper.stripped"
 SIZE=$(stat -c %s "$OUT/runr-wrapper.stripped")
 STATIC=$(file -b "$BIN" | grep -oE 'static(-pie)? linked' || echo "NOT static")
-starts=()
-for _ in $(seq 15); do
-  p=$(free_port)
-  starts+=("$(env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$OUT/first_answer" "$p" "$BIN")")
-done
-FIRST=$(printf '%s\n' "${starts[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+first_answer() { # PROBE=0|1: median of 15 starts, microseconds
+  local starts=() p
+  for _ in $(seq 15); do
+    p=$(free_port)
+    starts+=("$(env PROBE="$1" PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$OUT/first_answer" "$p" "$BIN")")
+  done
+  printf '%s\n' "${starts[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
+}
+FIRST=$(first_answer 0)
+FIRST_PROBE=$(first_answer 1)
 
 ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
 echo
@@ -148,4 +152,5 @@ for c in 1 8 64; do
 done
 printf 'idle RSS: %s KiB (peak under load: %s KiB)\n' "$IDLE_RSS" "$LOADED_RSS"
 printf 'binary: %s bytes stripped (%s MiB), %s\n' "$SIZE" "$(awk -v s="$SIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$STATIC"
-printf 'exec to first answer (exec mode, cat; median of 15): %s ms\n' "$(ms "$FIRST")"
+printf 'exec to first answer (median of 15): %s ms for an invocation (exec mode, one cat spawn), %s ms for a Knative probe\n' \
+  "$(ms "$FIRST")" "$(ms "$FIRST_PROBE")"
