@@ -489,3 +489,46 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
         note: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server may spawn the pipeline on any worker thread.
+    #[test]
+    fn process_is_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let opts = ProcessOptions {
+            work_dir: PathBuf::from("/nonexistent"),
+            target: "127.0.0.1:9/a:b".into(),
+            upload_name: None,
+            filename: None,
+            compress: Compress::Gzip,
+            registry: runr_registry::RegistryConfig::default(),
+            declared_size: 0,
+        };
+        let fut = process(Path::new("/nonexistent"), &opts);
+        assert_send(&fut);
+    }
+
+    #[test]
+    fn image_info_serializes_as_the_status_image() {
+        let info = ImageInfo {
+            digest: "sha256:00".into(),
+            media_type: media::OCI_MANIFEST.into(),
+            platforms: vec!["linux/amd64".into()],
+            layers: 2,
+            size_bytes: 10,
+            tag_ref: "h/r:t".into(),
+            image_ref: "h/r@sha256:00".into(),
+            kind: Kind::Image,
+            source_format: SourceFormat::Docker,
+            note: None,
+        };
+        let v = serde_json::to_value(&info).unwrap();
+        assert_eq!(v["kind"], "image");
+        assert_eq!(v["source_format"], "docker");
+        assert!(v["note"].is_null());
+        assert_eq!(v.as_object().unwrap().len(), 10);
+    }
+}
