@@ -2,11 +2,14 @@
 # Benchmark of runr-prewarm (issue 4): warming ~500 MiB (four random layers) plus a small
 # multi-platform index through a freshly emptied pull-through cache (docker-registry 2.8 in
 # proxy mode, loopback), against
-#   - serial `skopeo copy docker://cache/… dir:…` of the same images (baseline), and
+#   - serial `skopeo copy docker://cache/… dir:…` of the same images (baseline),
+#   - parallel curl GETs of every blob, timed when the bodies are in and when Range probes show
+#     the cache stored them all (what any client waiting for the stores is bound by), and
 #   - reading the upstream's blob files from disk (floor),
 # then prewarm again on the warm cache. Reports medians of ROUNDS runs, ratios and peak RSS.
 #
-# Usage: bench/prewarm.sh [ROUNDS]   (default 3; needs docker-registry, skopeo, python3)
+# Usage: bench/prewarm.sh [ROUNDS]   (default 3; needs docker-registry, skopeo, curl, python3;
+#        about 20 s per round plus a minute to build and push the images)
 # Env:   LAYER_MIB (default 125), PREWARM_BIN (default: release musl build of this checkout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
