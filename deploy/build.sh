@@ -182,9 +182,16 @@ build_image() {
   [ -x "$DIST/$arch/$bin" ] || die "$DIST/$arch/$bin is missing: run deploy/build.sh binaries $arch first"
   # The context is the dist directory only: a few MiB, nothing else of the checkout is sent.
   # Output is shown only on failure (the legacy builder also warns about itself on every call).
-  local log
+  local log build=(docker build)
+  if [ "$arch" != "$(host_arch)" ]; then
+    # The legacy builder labels a FROM scratch image with the engine's own architecture whatever
+    # binary it holds, and refuses --platform for it: another architecture needs BuildKit.
+    docker buildx version >/dev/null 2>&1 \
+      || die "an image for $arch on this $(host_arch) engine needs BuildKit (docker buildx): the legacy builder would label it $(host_arch)"
+    build=(docker buildx build --load --platform "linux/$arch")
+  fi
   log=$(mktemp)
-  if ! docker build --quiet \
+  if ! "${build[@]}" --quiet \
     --build-arg "TARGETARCH=$arch" \
     --build-arg "VERSION=$(workspace_version)" \
     --build-arg "REVISION=$(git_revision)" \
