@@ -375,6 +375,26 @@ mod tests {
         assert!(err.to_string().contains("../../etc/x"), "{err}");
     }
 
+    proptest::proptest! {
+        /// Whatever a tar names an entry or a link target, what the index keeps stays inside.
+        #[test]
+        fn names_and_links_never_escape(
+            name in "(\\.\\.|\\.|/|[a-z]{1,3}){0,8}",
+            target in "(\\.\\.|\\.|/|[a-z]{1,3}){0,8}",
+        ) {
+            let inside = |p: &str| !p.starts_with('/') && !p.split('/').any(|c| c == "..");
+            if let Ok(n) = normalize_name(&name) {
+                proptest::prop_assert!(inside(&n), "{n}");
+                if let Ok(t) = resolve_symlink_target(&name, &n, &target) {
+                    proptest::prop_assert!(inside(&t), "{t}");
+                }
+            }
+            if let Ok(t) = normalize_link(&name, &target) {
+                proptest::prop_assert!(inside(&t), "{t}");
+            }
+        }
+    }
+
     #[test]
     fn link_loops_and_truncation() {
         let tmp = build(|b| {

@@ -156,6 +156,12 @@ pub async fn process_with(
         .map_err(|e| ProcessError::new(format!("format detection stopped: {e}")))?
         .map_err(|e| in_file(e.to_string()))?
     };
+    let format = match &detected {
+        Detected::Oci(_) => "oci",
+        Detected::Docker(_) => "docker",
+        Detected::Wasm(_) => "wasm",
+    };
+    tracing::info!(format, target = %opts.target, "format detected, pushing");
     let pusher = Pusher::new(&opts.target, &opts.registry, backoff)
         .await
         .map_err(|e| ProcessError::new(e.to_string()))?;

@@ -190,8 +190,10 @@ impl Pusher {
         what: &str,
     ) -> Result<bool, PushError> {
         if self.blob_exists(digest).await? {
+            tracing::info!(what, digest, "blob already in the registry");
             return Ok(false);
         }
+        tracing::info!(what, digest, size = span.len, "pushing blob");
         let mismatch = Arc::new(Mutex::new(None));
         let result = self
             .retry(&format!("pushing {what} {digest}"), || {
