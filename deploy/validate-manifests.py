@@ -23,9 +23,15 @@ import os
 import re
 import sys
 
-import jsonschema
-import kubernetes_validate
-import yaml
+try:
+    import jsonschema
+    import kubernetes_validate
+    import yaml
+except ImportError as e:
+    sys.exit(
+        f"FAIL  {e.name} is not installed for {sys.executable} "
+        "(python3 -m pip install -r tests/requirements.txt; .ci/run does it)"
+    )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
