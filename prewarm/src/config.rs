@@ -577,6 +577,30 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // The image list comes from a ConfigMap someone edits by hand: any text must give
+        // either images or a refusal, never a panic, and accepted entries round-trip.
+        #[test]
+        fn image_lists_never_panic(text in "[a-zA-Z0-9:@/._, \n-]{0,80}") {
+            if let Ok(images) = parse_images(&text) {
+                for image in images {
+                    proptest::prop_assert!(ImageRef::parse(&image.text).is_ok());
+                    proptest::prop_assert!(!image.repository.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn durations_never_panic(text in "\\PC{0,12}") {
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn platform_lists_never_panic(text in "[a-z0-9/, ]{0,40}") {
+            let _ = Platforms::parse(&text);
+        }
+    }
+
     #[test]
     fn platform_filter() {
         let p = Platforms::parse("linux/amd64, linux/arm/v7").unwrap();
