@@ -62,16 +62,21 @@ pub async fn warm_image(shared: &Shared, image: &ImageRef) -> ImageReport {
     let started = Instant::now();
     let mut progress = Progress::default();
     let mut attempts = 0;
+    let mut last_error = None;
     let outcome = tokio::time::timeout(
         shared.config.timeout,
-        attempts_loop(shared, image, &mut progress, &mut attempts),
+        attempts_loop(shared, image, &mut progress, &mut attempts, &mut last_error),
     )
     .await
     .unwrap_or_else(|_| {
-        Err(format!(
+        let mut msg = format!(
             "timed out after {}s (RUNR_PREWARM_TIMEOUT)",
             shared.config.timeout.as_secs()
-        ))
+        );
+        if let Some(e) = &last_error {
+            msg.push_str(&format!("; last error: {e}"));
+        }
+        Err(msg)
     });
     let seconds = started.elapsed().as_secs_f64();
     let bytes = progress.blobs.keys().map(|b| b.size).sum();
@@ -118,6 +123,7 @@ async fn attempts_loop(
     image: &ImageRef,
     progress: &mut Progress,
     attempts: &mut u32,
+    last_error: &mut Option<String>,
 ) -> Result<(), String> {
     let backoff = Backoff {
         base: shared.config.backoff,
@@ -135,6 +141,7 @@ async fn attempts_loop(
             Err(err) => err,
         };
         tracing::warn!(image = %image, attempt = *attempts, error = %err, "attempt failed");
+        *last_error = Some(err.to_string());
         if !err.retryable() {
             return Err(err.to_string());
         }

@@ -371,3 +371,31 @@ fn a_long_blob_reports_progress_every_10_seconds() {
         "{progress}"
     );
 }
+
+#[test]
+fn an_image_slower_than_its_timeout_fails_and_the_others_do_not_wait() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let link = SlowLink::start(up.registry.addr(), 180 << 10);
+    let cache = Registry::start_proxy(&link.url());
+    let env = env_with(&cache, "big:1 small:1", &[("RUNR_PREWARM_TIMEOUT", "3s")]);
+    let done = run(&env);
+    assert_eq!(done.code, 1, "{done:?}");
+    let summary = done.summary();
+    let big = done.image(&summary, "big:1");
+    assert_eq!(big["status"], "failed");
+    assert!(
+        big["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("timed out after 3s (RUNR_PREWARM_TIMEOUT)"),
+        "{big}"
+    );
+    assert_eq!(
+        done.image(&summary, "small:1")["status"],
+        "warmed",
+        "{done:?}"
+    );
+}
