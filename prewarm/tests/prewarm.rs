@@ -399,3 +399,51 @@ fn an_image_slower_than_its_timeout_fails_and_the_others_do_not_wait() {
         "{done:?}"
     );
 }
+
+#[test]
+fn a_blob_wanted_by_two_images_is_fetched_once_and_largest_first() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    // The same image by tag and by digest: every blob is wanted twice at the same time.
+    let by_digest = format!("big@{}", up.big.digest);
+    let env = env_with(
+        &cache,
+        &format!("big:1 {by_digest}"),
+        &[
+            ("RUNR_PREWARM_CONCURRENCY", "1"),
+            ("RUNR_PREWARM_LOG", "debug"),
+        ],
+    );
+    let done = run(&env);
+    assert_eq!(done.code, 0, "{done:?}");
+    assert_eq!(done.summary()["warmed"], 2, "{done:?}");
+
+    // At debug level each request that reads a body logs `fetched`, each Range probe answered
+    // 206 logs `already cached`. The second image must make neither: it waits for the first.
+    let fetched: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| l.contains("DEBUG fetched blob=blob big@"))
+        .collect();
+    assert!(
+        !done.stderr.contains("already cached"),
+        "a second request went out: {done:?}"
+    );
+    let layers = up.layout.layers_of(&up.big);
+    for layer in &layers {
+        let n = fetched
+            .iter()
+            .filter(|l| l.contains(layer.as_str()))
+            .count();
+        assert_eq!(n, 1, "{layer} read {n} times: {done:?}");
+    }
+    // One worker, largest first: the three 2 MiB layers before the small config.
+    assert_eq!(fetched.len(), 4, "{done:?}");
+    assert!(
+        !layers.iter().any(|l| fetched[3].contains(l.as_str())),
+        "the config comes last: {fetched:#?}"
+    );
+}
