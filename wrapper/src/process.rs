@@ -125,7 +125,8 @@ impl Drop for Process {
 /// Forwards a process's stderr (or any pipe) to our stderr line by line, until EOF.
 pub fn forward_lines(from: pipe::Receiver) {
     tokio::spawn(async move {
-        let mut reader = BufReader::new(from);
+        // Small: most programs log little, and musl maps and unmaps larger blocks per request.
+        let mut reader = BufReader::with_capacity(1024, from);
         let mut line = Vec::new();
         loop {
             line.clear();
