@@ -333,7 +333,9 @@ async fn push_docker_layer(
             offset: 0,
             len: size,
         };
-        pusher.push_span(&packed, span, &digest, "layer").await?;
+        pusher
+            .push_own_file(&packed, span, &digest, "layer")
+            .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
         pusher
