@@ -391,13 +391,13 @@ fn a_client_that_goes_away_takes_the_handler_group_with_it() {
     let w = Wrapper::start(&env("exec", &["bash", "-c", &script]));
     let mut c = Conn::open(w.addr());
     std::io::Write::write_all(c.stream(), b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-    let pid: i32 = wait_for("the handler to start", Duration::from_secs(10), || {
+    let pid: i32 = wait_for("the handler to start", Duration::from_secs(30), || {
         std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
     });
     drop(c);
     wait_for(
         "the grandchild to be killed",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || (!alive(pid)).then_some(()),
     );
     // The wrapper carries on.

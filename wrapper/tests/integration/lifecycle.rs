@@ -127,7 +127,7 @@ fn sigterm_drains_in_flight_requests_then_exits_0() {
             std::thread::spawn(move || crate::support::Conn::open(addr).send("GET", "/", &[], b""))
         })
         .collect();
-    wait_for("four handlers running", Duration::from_secs(10), || {
+    wait_for("four handlers running", Duration::from_secs(30), || {
         (std::fs::read_dir(dir.path()).unwrap().count() == 4).then_some(())
     });
     w.child.signal(Signal::SIGTERM);

@@ -260,7 +260,7 @@ pub fn attr<'a>(attrs: &'a serde_json::Value, key: &str) -> &'a serde_json::Valu
 pub fn replay_lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
     runr_testkit::wait_for(
         &format!("{n} replay lines in {}", path.display()),
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             let text = std::fs::read_to_string(path).ok()?;
             let lines: Vec<serde_json::Value> = text

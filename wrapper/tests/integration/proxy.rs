@@ -249,7 +249,7 @@ fn a_collector_that_is_down_costs_one_warning_and_no_request() {
     for _ in 0..5 {
         assert_eq!(conn.send("GET", "/pid", &[], b"").status, 200);
     }
-    wait_for("10 access lines", Duration::from_secs(10), || {
+    wait_for("10 access lines", Duration::from_secs(30), || {
         (access_lines(&w.log()).len() == 10).then_some(())
     });
     assert_eq!(

@@ -206,7 +206,7 @@ fn capture_file_rotates_keeping_one_previous() {
         assert_eq!(conn.send("GET", "/status?code=502", &[], b"").status, 502);
     }
     let rotated = dir.path().join("replay.jsonl.1");
-    runr_testkit::wait_for("the rotated file", Duration::from_secs(10), || {
+    runr_testkit::wait_for("the rotated file", Duration::from_secs(30), || {
         rotated.exists().then_some(())
     });
     let current = replay_lines(&file, 1);

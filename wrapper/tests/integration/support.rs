@@ -83,7 +83,7 @@ impl Wrapper {
     pub fn wait_log(&self, needle: &str) {
         wait_for(
             &format!("{needle:?} in the log"),
-            Duration::from_secs(10),
+            Duration::from_secs(30),
             || self.log().contains(needle).then_some(()),
         );
     }
