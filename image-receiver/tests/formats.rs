@@ -217,6 +217,16 @@ async fn oci_archive_is_pushed_byte_for_byte() {
         .await
         .unwrap();
     assert_eq!(again, info);
+
+    // Gzip'ed whole: the layout inside is pushed byte for byte all the same.
+    let c = case(&reg, "runr-uploads/platform/app", "gz");
+    let file = fixture("oci-archive.tar.gz");
+    let gz = process(&file, &options(&c, &file, None, Compress::Gzip))
+        .await
+        .unwrap();
+    assert_eq!(gz.digest, info.digest);
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+    assert_eq!(std::fs::read_dir(c.work.path()).unwrap().count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
