@@ -349,6 +349,38 @@ mod tests {
         assert!(matches!(a.find("nope"), Err(ArchiveError::Missing(_))));
     }
 
+    /// A PAX `path` record (what Python's tarfile and Go's archive/tar write for long names)
+    /// names the entry that follows it.
+    #[test]
+    fn pax_path_records_name_the_next_entry() {
+        let long = format!("blobs/sha256/{}/{}", "a".repeat(64), "b".repeat(80));
+        let body = format!(" path={long}\n");
+        // The record's length counts its own digits.
+        let mut len = body.len() + 1;
+        while len != format!("{len}{body}").len() {
+            len += 1;
+        }
+        let record = format!("{len}{body}");
+        let mut data = Vec::new();
+        let mut b = tar::Builder::new(&mut data);
+        let mut h = tar::Header::new_ustar();
+        h.set_size(record.len() as u64);
+        h.set_entry_type(EntryType::XHeader);
+        b.append_data(&mut h, "PaxHeaders/x", record.as_bytes())
+            .unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(5);
+        h.set_entry_type(EntryType::Regular);
+        b.append_data(&mut h, "short", &b"hello"[..]).unwrap();
+        b.finish().unwrap();
+        drop(b);
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&data).unwrap();
+        let a = Archive::open(tmp.path()).unwrap();
+        assert_eq!(a.read(&long, 10).unwrap(), b"hello");
+        assert!(!a.contains("short"));
+    }
+
     #[test]
     fn refuses_escapes() {
         for (kind, target) in [
