@@ -117,8 +117,18 @@ impl Receiver {
 
     /// SIGKILL, then a new receiver on the same directory and environment (a new port).
     pub fn kill9_and_restart(&mut self) {
+        self.kill9();
+        self.restart();
+    }
+
+    /// SIGKILL, and waits until the process is gone.
+    pub fn kill9(&mut self) {
         self.child.signal(Signal::SIGKILL);
         self.child.wait_timeout(Duration::from_secs(10));
+    }
+
+    /// A new receiver on the same directory and environment (a new port).
+    pub fn restart(&mut self) {
         self.env.insert("PORT".into(), free_port().to_string());
         self.child = spawn(&self.dir, &self.env, &self.log);
         self.wait_ready();

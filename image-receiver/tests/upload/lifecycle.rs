@@ -151,6 +151,32 @@ fn sigterm_stops_cleanly() {
 }
 
 #[test]
+fn a_push_cut_by_sigkill_is_resumed_after_restart() {
+    let mut registry = Registry::start();
+    registry.stop();
+    // Something that accepts connections on the registry's port and never answers: the push
+    // hangs, so the receiver is reliably killed while `pushing`.
+    let black_hole = std::net::TcpListener::bind(registry.addr()).expect("bind the registry port");
+    let module = b"\0asm\x01\0\0\0".to_vec();
+    let target = format!("{}/runr-uploads/test/cut:1", registry.host());
+    let (_tmp, dir) = tempdir();
+    let mut r = Receiver::for_data(&dir, &module, &[("RUNR_UPLOAD_TARGET", &target)]);
+    assert_eq!(r.put(0, &module).0, 200);
+    assert_eq!(r.complete().0, 202);
+    r.wait_status("the push to start", |s| s["status"] == "pushing");
+    r.kill9();
+    drop(black_hole);
+    registry.restart();
+    r.restart();
+    let s = r.wait_status("the resumed push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(s["image"]["tag_ref"], target);
+    assert!(r.log().contains("starting that again"), "{}", r.log());
+}
+
+#[test]
 fn wasm_module_is_pushed_and_its_digest_read_back() {
     let registry = Registry::start();
     // The smallest valid module: magic and version.
