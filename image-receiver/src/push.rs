@@ -388,20 +388,22 @@ pub fn compress_layer(
             let mut buf = vec![0u8; n];
             file.read_exact_at(&mut buf, pos)
                 .map_err(|e| io_err("reading the archive", e))?;
-            raw.update(&buf);
             pos += n as u64;
             blocks.push(buf);
         }
-        // Two blocks at once: one on a helper thread, one here.
+        // Both blocks compress on threads of their own while this one hashes them in order.
         let members: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let mut it = blocks.iter();
-            let a = it.next().expect("a block");
-            let helper = it.next().map(|b| s.spawn(move || gzip_member(b)));
-            let mut v = vec![gzip_member(a)];
-            if let Some(h) = helper {
-                v.push(h.join().expect("gzip thread"));
+            let workers: Vec<_> = blocks
+                .iter()
+                .map(|b| s.spawn(move || gzip_member(b)))
+                .collect();
+            for b in &blocks {
+                raw.update(b);
             }
-            v
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("gzip thread"))
+                .collect()
         });
         for m in members {
             packed.update(&m);
