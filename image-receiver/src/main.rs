@@ -10,6 +10,11 @@ use runr_image_upload::config::Config;
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // First, while the process has one thread: it may set SSL_CERT_FILE (see
+    // runr_registry::roots for why a scratch image needs it).
+    if let Err(e) = runr_registry::ensure_system_roots() {
+        eprintln!("warning: cannot provide the built-in CA roots as a system store: {e}");
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         None | Some("serve") if args.len() <= 1 => serve(),

@@ -8,6 +8,11 @@ use std::process::ExitCode;
 use runr_prewarm::{Config, EXIT_CONFIG, EXIT_FAILED, EXIT_OK};
 
 fn main() -> ExitCode {
+    // First, while the process has one thread: it may set SSL_CERT_FILE (see
+    // runr_registry::roots for why a scratch image needs it).
+    if let Err(e) = runr_registry::ensure_system_roots() {
+        eprintln!("warning: cannot provide the built-in CA roots as a system store: {e}");
+    }
     match std::env::args().nth(1).as_deref() {
         None | Some("run") => run(),
         Some("version" | "--version" | "-V") => {

@@ -6,7 +6,8 @@
 //! - [`client`]: an [`oci_client::Client`] built for a scratch image (built-in roots, ring);
 //! - [`retry`]: which failures are worth another attempt and how long to wait before it;
 //! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
-//!   the caller must see (readiness probes, `Retry-After`, Range probes).
+//!   the caller must see (readiness probes, `Retry-After`, Range probes);
+//! - [`roots`]: a system CA store for scratch images, which oci-client needs to build a client.
 
 #![forbid(unsafe_code)]
 
@@ -14,10 +15,12 @@ pub mod client;
 pub mod config;
 pub mod http;
 pub mod retry;
+pub mod roots;
 
 pub use client::{build_client, ClientError, Timeouts};
 pub use config::{ConfigError, RegistryConfig};
 pub use retry::{is_transient, Backoff};
+pub use roots::ensure_system_roots;
 
 /// Re-exported so that users name the same version of the client crate.
 pub use oci_client;
