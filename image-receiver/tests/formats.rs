@@ -25,13 +25,14 @@ use runr_testkit::{docker_available, http_get_status, skopeo, Registry};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-/// The fixtures, built once per test binary.
+/// The fixtures, built once per test binary. Statics are never dropped, so they live under
+/// cargo's target/tmp rather than /tmp.
 fn fixtures() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::Builder::new()
             .prefix("runr-fixtures-")
-            .tempdir()
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .unwrap();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/make.sh");
         let out = Command::new("bash")
