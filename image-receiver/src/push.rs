@@ -25,7 +25,9 @@ use futures_util::Stream;
 use runr_registry::oci_client::errors::OciDistributionError;
 use runr_registry::oci_client::secrets::RegistryAuth;
 use runr_registry::oci_client::{Client, Reference};
-use runr_registry::{build_client, is_transient, Backoff, RegistryConfig, Timeouts};
+use runr_registry::{
+    build_client, client_config, client_from, is_transient, Backoff, RegistryConfig, Timeouts,
+};
 use sha2::{Digest as _, Sha256};
 
 use crate::archive::Span;
@@ -305,42 +307,12 @@ impl Pusher {
 }
 
 /// An oci-client like [`build_client`]'s (same roots, protocol and timeouts) that pushes each
-/// blob in one request. `build_client` (runr-registry) has no switch for this, hence the copy;
-/// it has run first, so the crypto provider is installed and the CA file was readable.
+/// blob in one request.
 fn monolithic_client(registry: &RegistryConfig) -> Result<Client, PushError> {
-    use runr_registry::oci_client::client::{
-        Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
-    };
-    let mut roots: Vec<Certificate> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-        .iter()
-        .map(|der| Certificate {
-            encoding: CertificateEncoding::Der,
-            data: der.as_ref().to_vec(),
-        })
-        .collect();
-    if let Some(path) = &registry.ca_file {
-        let data = std::fs::read(path)
-            .map_err(|e| PushError::Client(format!("{}: {e}", path.display())))?;
-        roots.push(Certificate {
-            encoding: CertificateEncoding::Pem,
-            data,
-        });
-    }
-    let timeouts = Timeouts::default();
-    let config = ClientConfig {
-        protocol: if registry.plain_http {
-            ClientProtocol::Http
-        } else {
-            ClientProtocol::Https
-        },
-        tls_certs_only: roots,
-        connect_timeout: Some(timeouts.connect),
-        read_timeout: Some(timeouts.read),
-        user_agent: USER_AGENT,
-        use_monolithic_push: true,
-        ..ClientConfig::default()
-    };
-    Client::try_from(config).map_err(|e| PushError::Client(e.to_string()))
+    let mut config = client_config(registry, Timeouts::default(), USER_AGENT)
+        .map_err(|e| PushError::Client(e.to_string()))?;
+    config.use_monolithic_push = true;
+    client_from(config).map_err(|e| PushError::Client(e.to_string()))
 }
 
 /// gzip's an uncompressed layer (`span` of `file`) into an unlinked temporary file in

@@ -54,7 +54,16 @@ pub fn build_client(
     timeouts: Timeouts,
     user_agent: &'static str,
 ) -> Result<Client, ClientError> {
-    install_crypto_provider();
+    client_from(client_config(cfg, timeouts, user_agent)?)
+}
+
+/// The configuration [`build_client`] uses, for callers that change a knob of it (e.g.
+/// `use_monolithic_push`) before building with [`client_from`].
+pub fn client_config(
+    cfg: &RegistryConfig,
+    timeouts: Timeouts,
+    user_agent: &'static str,
+) -> Result<ClientConfig, ClientError> {
     let mut roots: Vec<Certificate> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
         .iter()
         .map(|der| Certificate {
@@ -72,7 +81,7 @@ pub fn build_client(
             data,
         });
     }
-    let config = ClientConfig {
+    Ok(ClientConfig {
         protocol: if cfg.plain_http {
             ClientProtocol::Http
         } else {
@@ -87,7 +96,12 @@ pub fn build_client(
         max_concurrent_upload: 4,
         max_concurrent_download: 4,
         ..ClientConfig::default()
-    };
+    })
+}
+
+/// Builds a client from a configuration made by [`client_config`].
+pub fn client_from(config: ClientConfig) -> Result<Client, ClientError> {
+    install_crypto_provider();
     Client::try_from(config).map_err(|e| ClientError::Build(e.to_string()))
 }
 

@@ -17,7 +17,7 @@ pub mod http;
 pub mod retry;
 pub mod roots;
 
-pub use client::{build_client, ClientError, Timeouts};
+pub use client::{build_client, client_config, client_from, ClientError, Timeouts};
 pub use config::{ConfigError, RegistryConfig};
 pub use retry::{is_transient, Backoff};
 pub use roots::ensure_system_roots;
