@@ -13,8 +13,6 @@
 #      API and pushes it into a docker-registry on the host; the image is pulled back and run
 #   7. the prewarm image warms an image from that registry
 # Without an engine, steps 4-7 print one line each saying they were skipped; 1-3 still run.
-# A functional step whose binary does not have the feature yet (it still behaves like `version`)
-# prints a skip line naming the binary and the missing feature; it never counts as a pass.
 #
 # Environment: RUNR_CHECK_ARCHS="amd64 arm64" to choose the architectures (default: what
 # deploy/build.sh builds by default), RUNR_BUILD_LOCKED=0 to build without --locked,
@@ -34,7 +32,6 @@ declare -A BUDGET=(
 
 FAILED=()
 SKIPPED=()
-DEFECTS=()
 TIMINGS=()
 CHECK_START=$SECONDS
 
@@ -176,6 +173,7 @@ if [ $DOCKER = 0 ]; then
   skip "image builds and 'docker run --read-only --user 65532 --cap-drop ALL IMAGE version' (no Docker engine answers 'docker info')"
   skip "init-container flow: runr-wrapper install + exec mode in a FROM scratch busybox image (no Docker engine answers 'docker info')"
   skip "receiver image upload of a docker save archive into docker-registry (no Docker engine answers 'docker info')"
+  skip "prewarm image run against docker-registry (no Docker engine answers 'docker info')"
 elif [[ " ${BUILT_ARCHS[*]} " != *" $HOST_ARCH "* ]]; then
   skip "image steps: no $HOST_ARCH binaries were built in this run to put into images"
 else
@@ -202,33 +200,6 @@ else
       || fail "$ref: OCI labels or USER wrong: version=$l_version revision=$l_revision source=$l_source user=$l_user"
   done
   step_done
-
-  # Whether a binary's subcommand is still the workspace stub: it prints what `version` prints and
-  # does nothing else. Used only to tell "not implemented yet" from "broken".
-  behaves_like_version() {
-    local ref=$1 out=$2 v
-    v=$(docker run --rm --read-only --user 65532 --cap-drop ALL "$ref" version 2>&1 || true)
-    [ -n "$v" ] && [ "$(printf '%s' "$out" | tr -d '\r')" = "$(printf '%s' "$v" | tr -d '\r')" ]
-  }
-  # Whether a binary says in its own output that the feature is not there yet (an unfinished
-  # subcommand of a crate in progress), or is still the stub above. Anything else is a failure.
-  lacks_feature() {
-    local ref=$1 out=$2
-    behaves_like_version "$ref" "$out" \
-      || grep -qiE 'not (yet )?(implemented|wired)|unimplemented|unknown (sub)?command' <<<"$out"
-  }
-  # A defect outside deploy/ that is known, reported and has a fix waiting (see the README's
-  # deploy section): oci-client 0.18 builds reqwest's default client, which in a FROM scratch
-  # image (no CA files) panics with this message, whatever roots the registry crate passes. It is
-  # listed as a known defect, never as a pass; any other failure of the step fails the check.
-  known_defect() {
-    if grep -q 'No CA certificates were loaded from the system' <<<"$2"; then
-      DEFECTS+=("$1: oci-client 0.18 cannot build its client without system CA files (FROM scratch); fix: patch oci-client's TryFrom<ClientConfig> (see README, deploy section)")
-      printf '[check] KNOWN DEFECT: %s\n' "${DEFECTS[-1]}"
-      return 0
-    fi
-    return 1
-  }
 
   # --- 5. init-container flow ---
   step "init-container flow: install into a volume, exec mode in a FROM scratch + busybox image"
@@ -268,18 +239,10 @@ EOF
       docker run --rm --user 0 --cap-drop ALL -v "$vol:/runr" --entrypoint /bin/busybox "$fref" chmod 0777 /runr
       if ! out=$(docker run --rm --read-only --user 65532 --cap-drop ALL -v "$vol:/runr" \
         "${REF[runr-wrapper]}" install /runr/runr-wrapper 2>&1); then
-        if lacks_feature "${REF[runr-wrapper]}" "$out"; then
-          skip "init-container flow: runr-wrapper has no 'install' subcommand in this build ($(tail -n1 <<<"$out" | cut -c1-160))"
-        else
-          fail "runr-wrapper install /runr/runr-wrapper exited non-zero: $out"
-        fi
+        fail "runr-wrapper install /runr/runr-wrapper exited non-zero: $out"
       elif ! docker run --rm --user 65532 -v "$vol:/runr:ro" --entrypoint /bin/busybox "$fref" \
         test -x /runr/runr-wrapper; then
-        if lacks_feature "${REF[runr-wrapper]}" "$out"; then
-          skip "init-container flow: runr-wrapper has no 'install' subcommand in this build (it copied nothing: $(tail -n1 <<<"$out" | cut -c1-160))"
-        else
-          fail "runr-wrapper install exited 0 but /runr/runr-wrapper is not an executable file: $out"
-        fi
+        fail "runr-wrapper install exited 0 but /runr/runr-wrapper is not an executable file: $out"
       else
         say "installed /runr/runr-wrapper into volume $vol as user 65532"
         port=$(free_port)
@@ -325,11 +288,7 @@ EOF
         else
           logs=$(docker logs "$fn" 2>&1 | tail -20)
           code=$(docker inspect -f '{{.State.ExitCode}}' "$fn")
-          if ! running && lacks_feature "${REF[runr-wrapper]}" "$logs"; then
-            skip "init-container flow: runr-wrapper has no exec-mode server in this build (exit $code: $(tail -n1 <<<"$logs" | cut -c1-160))"
-          else
-            fail "the installed wrapper did not answer on 127.0.0.1:$port (running=$(running && echo yes || echo no), exit $code): $logs"
-          fi
+          fail "the installed wrapper did not answer on 127.0.0.1:$port (running=$(running && echo yes || echo no), exit $code): $logs"
         fi
       fi
     fi
@@ -394,11 +353,7 @@ EOF
       if ! curl -fsS -m 5 "$base/status" >/dev/null 2>&1; then
         logs=$(docker logs "$recv" 2>&1 | tail -20)
         code=$(docker inspect -f '{{.State.ExitCode}}' "$recv")
-        if ! rrunning && lacks_feature "${REF[runr-image-upload]}" "$logs"; then
-          skip "receiver upload: runr-image-upload 'serve' is not implemented in this build (exit $code: $(tail -n1 <<<"$logs" | cut -c1-160))"
-        else
-          fail "the receiver did not answer GET /status on 127.0.0.1:$rport (exit $code): $logs"
-        fi
+        fail "the receiver did not answer GET /status on 127.0.0.1:$rport (exit $code): $logs"
       else
         # Chunks of 256 KiB sent last to first: the receiver must place them by offset.
         chunk=$((256 * 1024))
@@ -425,8 +380,7 @@ EOF
           wait_until 120 "the receiver to finish" finished || true
           status_json=$(curl -fsS -m 5 "$base/status" || echo '{}')
           if [ "$(state || true)" != completed ]; then
-            known_defect "receiver upload" "$status_json $(docker logs "$recv" 2>&1 | tail -20)" \
-              || fail "upload did not complete: $status_json; receiver log: $(docker logs "$recv" 2>&1 | tail -10)"
+            fail "upload did not complete: $status_json; receiver log: $(docker logs "$recv" 2>&1 | tail -10)"
           else
             say "receiver: $status_json"
             # The registry must hold the very image the engine saved: the pushed manifest names
@@ -483,9 +437,7 @@ EOF
         "${REF[runr-prewarm]}" run 2>"$WORK/prewarm.err") || code=$?
       if [ $code = 0 ]; then
         say "prewarm warmed localhost:$regport/$warm; summary: $(tail -n1 <<<"$out" | cut -c1-300)"
-      elif lacks_feature "${REF[runr-prewarm]}" "$out$(cat "$WORK/prewarm.err")"; then
-        skip "prewarm run: runr-prewarm 'run' is not implemented in this build ($(tail -n1 "$WORK/prewarm.err" | cut -c1-160))"
-      elif ! known_defect "prewarm run" "$(cat "$WORK/prewarm.err")"; then
+      else
         fail "runr-prewarm run exited $code: $(tail -n1 <<<"$out" | cut -c1-300) $(tail -n5 "$WORK/prewarm.err")"
       fi
     fi
@@ -501,17 +453,9 @@ if [ ${#SKIPPED[@]} -gt 0 ]; then
   printf '[check] skipped (%d):\n' "${#SKIPPED[@]}"
   printf '[check]   %s\n' "${SKIPPED[@]}"
 fi
-if [ ${#DEFECTS[@]} -gt 0 ]; then
-  printf '[check] KNOWN DEFECTS, not passed (%d):\n' "${#DEFECTS[@]}"
-  printf '[check]   %s\n' "${DEFECTS[@]}"
-fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   printf '[check] FAILED (%d):\n' "${#FAILED[@]}"
   printf '[check]   %s\n' "${FAILED[@]}"
   exit 1
 fi
-if [ ${#DEFECTS[@]} -gt 0 ]; then
-  say "no check failed; ${#DEFECTS[@]} step(s) did not pass because of the known defects above"
-else
-  say "all checks passed"
-fi
+say "all checks passed"
