@@ -21,10 +21,8 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioIo;
 use runr_tick::Target;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -154,52 +152,19 @@ async fn watch_upstream(upstream: Target, wait: Duration, ready: watch::Sender<b
     }
 }
 
-/// Accept loop with the same drain as exec mode: stop accepting on `shutdown`, give in-flight
-/// requests up to [`server::DRAIN_LIMIT`].
+/// The shared accept loop and drain, with a service per client connection that owns that
+/// connection's own upstream connection (see the module docs).
 async fn serve(
     listener: TcpListener,
     ctx: Arc<Ctx>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let ctx = ctx.clone();
-                    // The client connection's own upstream connection (see the module docs).
-                    let upstream: Arc<Mutex<Option<SendRequest<UpBody>>>> = Arc::default();
-                    let service = service_fn(move |req| handle(ctx.clone(), upstream.clone(), req));
-                    let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!(
-        connections = graceful.count(),
-        "shutting down: stopped accepting, draining in-flight requests"
-    );
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("drained"),
-        () = tokio::time::sleep(server::DRAIN_LIMIT) => {
-            tracing::warn!(limit_s = server::DRAIN_LIMIT.as_secs(), "drain did not finish in time");
-        }
-    }
+    server::serve_connections(listener, shutdown, || {
+        let ctx = ctx.clone();
+        let upstream: Arc<Mutex<Option<SendRequest<UpBody>>>> = Arc::default();
+        service_fn(move |req| handle(ctx.clone(), upstream.clone(), req))
+    })
+    .await
 }
 
 async fn handle(

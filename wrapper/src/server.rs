@@ -47,6 +47,27 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let ctx = Arc::new(Ctx { invoker, trigger });
+    serve_connections(listener, shutdown, || {
+        let ctx = ctx.clone();
+        service_fn(move |req| handle(ctx.clone(), req))
+    })
+    .await
+}
+
+/// The accept loop every HTTP face of the wrapper shares (exec/persistent server, observed
+/// proxy): one HTTP/1 connection task per client with a service from `make_service`; once
+/// `shutdown` completes, stop accepting and give in-flight requests up to [`DRAIN_LIMIT`].
+pub async fn serve_connections<S, B>(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    mut make_service: impl FnMut() -> S,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     // The timer gives hyper its default header-read timeout (slow clients cannot pin a task).
@@ -58,9 +79,8 @@ pub async fn run(
                 Ok((stream, _peer)) => {
                     // Answers are single small writes; do not let Nagle hold them back.
                     let _ = stream.set_nodelay(true);
-                    let ctx = ctx.clone();
-                    let service = service_fn(move |req| handle(ctx.clone(), req));
-                    let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                    let conn = graceful
+                        .watch(http.serve_connection(TokioIo::new(stream), make_service()));
                     tokio::spawn(async move {
                         // Client resets and half-sent requests are the client's business.
                         if let Err(e) = conn.await {
