@@ -110,6 +110,43 @@ fn warms_every_image_and_a_rerun_is_cheap() {
 }
 
 #[test]
+fn a_cache_with_basic_auth_is_warmed_with_the_credentials_only() {
+    if !tools_present() || !have_tool("htpasswd") {
+        println!("skipping: htpasswd is not installed (.ci/run installs apache2-utils)");
+        return;
+    }
+    let mut up = upstream();
+    let cache = Registry::start_proxy_with_basic_auth(&up.registry.url(), "runr", "s3cret");
+
+    let anonymous = run(&env_with(&cache, "small:1", &[]));
+    assert_eq!(anonymous.code, 1, "{anonymous:?}");
+    let image = anonymous.image(&anonymous.summary(), "small:1").clone();
+    assert_eq!(image["status"], "failed", "{anonymous:?}");
+
+    let with_creds = run(&env_with(
+        &cache,
+        "small:1",
+        &[
+            ("RUNR_REGISTRY_USERNAME", "runr"),
+            ("RUNR_REGISTRY_PASSWORD", "s3cret"),
+        ],
+    ));
+    assert_eq!(with_creds.code, 0, "{with_creds:?}");
+    assert_eq!(with_creds.summary()["warmed"], 1, "{with_creds:?}");
+
+    up.registry.stop();
+    let dest = tempfile::tempdir().unwrap();
+    runr_testkit::skopeo(&[
+        "copy",
+        "--src-tls-verify=false",
+        "--src-creds",
+        "runr:s3cret",
+        &format!("docker://{}/small:1", cache.host()),
+        &format!("dir:{}", dest.path().display()),
+    ]);
+}
+
+#[test]
 fn waits_for_a_cache_that_starts_after_the_job() {
     if !tools_present() {
         return;

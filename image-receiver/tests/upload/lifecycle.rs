@@ -177,6 +177,50 @@ fn a_push_cut_by_sigkill_is_resumed_after_restart() {
 }
 
 #[test]
+fn a_registry_with_basic_auth_takes_the_push_with_the_right_credentials_only() {
+    let registry = Registry::start_with_basic_auth("runr", "s3cret");
+    let module = b"\0asm\x01\0\0\0".to_vec();
+    let target = format!("{}/runr-uploads/test/auth:1.0", registry.host());
+    for (password, expect) in [("wrong", "failed"), ("s3cret", "completed")] {
+        let (_tmp, dir) = tempdir();
+        let r = Receiver::for_data(
+            &dir,
+            &module,
+            &[
+                ("RUNR_UPLOAD_TARGET", &target),
+                ("RUNR_REGISTRY_USERNAME", "runr"),
+                ("RUNR_REGISTRY_PASSWORD", password),
+            ],
+        );
+        assert_eq!(r.put(0, &module).0, 200);
+        assert_eq!(r.complete().0, 202);
+        let s = r.wait_status("the push to finish", |s| {
+            s["status"] == "completed" || s["status"] == "failed"
+        });
+        assert_eq!(s["status"], expect, "{s}\n{}", r.log());
+        if expect == "failed" {
+            // The user is told it is about the registry's credentials, not the file.
+            let message = s["message"].as_str().unwrap_or_default().to_lowercase();
+            assert!(
+                message.contains("auth")
+                    || message.contains("401")
+                    || message.contains("credential"),
+                "{s}"
+            );
+        }
+    }
+    let inspect = runr_testkit::skopeo(&[
+        "inspect",
+        "--tls-verify=false",
+        "--creds",
+        "runr:s3cret",
+        "--raw",
+        &format!("docker://{target}"),
+    ]);
+    assert!(inspect.contains("application/wasm"), "{inspect}");
+}
+
+#[test]
 fn wasm_module_is_pushed_and_its_digest_read_back() {
     let registry = Registry::start();
     // The smallest valid module: magic and version.

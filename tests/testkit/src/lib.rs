@@ -164,6 +164,8 @@ pub struct Registry {
     dir: tempfile::TempDir,
     port: u16,
     proxy: Option<String>,
+    /// `user:password` the registry requires (htpasswd, basic auth), if any.
+    basic_auth: Option<(String, String)>,
 }
 
 impl Registry {
@@ -175,6 +177,28 @@ impl Registry {
     /// Starts a registry in pull-through cache mode for `upstream` (`http://127.0.0.1:port`).
     pub fn start_proxy(upstream: &str) -> Registry {
         Self::start_with(Some(upstream.to_string()))
+    }
+
+    /// Starts a plain registry that requires basic auth as `user`/`password` (an htpasswd file
+    /// made with `htpasswd -B` from Debian's apache2-utils).
+    pub fn start_with_basic_auth(user: &str, password: &str) -> Registry {
+        Self::start_basic_auth(None, user, password)
+    }
+
+    /// A pull-through cache for `upstream` that requires basic auth as `user`/`password`.
+    pub fn start_proxy_with_basic_auth(upstream: &str, user: &str, password: &str) -> Registry {
+        Self::start_basic_auth(Some(upstream.to_string()), user, password)
+    }
+
+    fn start_basic_auth(proxy: Option<String>, user: &str, password: &str) -> Registry {
+        assert!(
+            have_tool("htpasswd"),
+            "htpasswd is not installed (apt-get install apache2-utils; .ci/run does this)"
+        );
+        let mut reg = Self::new_stopped(proxy);
+        reg.basic_auth = Some((user.to_string(), password.to_string()));
+        reg.restart();
+        reg
     }
 
     /// Starts a pull-through cache for `upstream` on a chosen loopback `port`, for tests whose
@@ -190,12 +214,19 @@ impl Registry {
             dir,
             port,
             proxy: Some(upstream.to_string()),
+            basic_auth: None,
         };
         reg.restart();
         reg
     }
 
     fn start_with(proxy: Option<String>) -> Registry {
+        let mut reg = Self::new_stopped(proxy);
+        reg.restart();
+        reg
+    }
+
+    fn new_stopped(proxy: Option<String>) -> Registry {
         assert!(
             have_tool("docker-registry"),
             "docker-registry is not installed (apt-get install docker-registry; .ci/run does this)"
@@ -204,14 +235,13 @@ impl Registry {
             .prefix("runr-registry-")
             .tempdir()
             .expect("tempdir");
-        let mut reg = Registry {
+        Registry {
             child: None,
             dir,
             port: free_port(),
             proxy,
-        };
-        reg.restart();
-        reg
+            basic_auth: None,
+        }
     }
 
     /// Starts the registry again on the same port and storage (after [`Registry::stop`]).
@@ -219,17 +249,30 @@ impl Registry {
         self.stop();
         let config = self.dir.path().join("config.yml");
         let storage = self.dir.path().join("storage");
-        let proxy = match &self.proxy {
+        let mut extra = match &self.proxy {
             Some(url) => format!("proxy:\n  remoteurl: {url}\n"),
             None => String::new(),
         };
+        if let Some((user, password)) = &self.basic_auth {
+            let htpasswd = self.dir.path().join("htpasswd");
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", user, password])
+                .output()
+                .expect("run htpasswd");
+            assert!(out.status.success(), "htpasswd failed: {out:?}");
+            std::fs::write(&htpasswd, &out.stdout).expect("write htpasswd");
+            extra.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: runr-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
         let yaml = format!(
             "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
              filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  \
              maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: 127.0.0.1:{}\n{}",
             storage.display(),
             self.port,
-            proxy
+            extra
         );
         std::fs::write(&config, yaml).expect("write registry config");
         let log = std::fs::File::create(self.dir.path().join("registry.log")).expect("log file");
