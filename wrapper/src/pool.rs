@@ -1,7 +1,7 @@
 //! Persistent mode: `RUNR_WORKERS` long-lived processes, one request at a time each, spoken to
 //! in JSON lines: the envelope as one line on stdin, the answer as the first stdout line that
-//! parses as JSON (other lines go to the logs). Requests queue for a free worker; a worker that
-//! exits is restarted with backoff.
+//! parses as JSON (other lines, and every line printed while idle, go to the logs). Requests
+//! queue for a free worker; a worker that exits is restarted with backoff.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -185,6 +185,12 @@ struct Worker {
     proc: Process,
     stdin: pipe::Sender,
     stdout: BufReader<pipe::Receiver>,
+    /// The stdout line being read. It outlives each read so that a read cancelled by `serve()`'s
+    /// select (a job won) loses no bytes: `read_line_capped` only suspends in `fill_buf`, and
+    /// whatever it consumed before is already here.
+    line: Vec<u8>,
+    /// Whether stdout is still open; after EOF it is no longer read while idle.
+    stdout_open: bool,
 }
 
 fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
@@ -209,6 +215,8 @@ fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
         proc,
         stdin,
         stdout: BufReader::with_capacity(64 * 1024, stdout),
+        line: Vec::with_capacity(1024),
+        stdout_open: true,
     })
 }
 
@@ -234,6 +242,41 @@ async fn serve(
                 Some(job) => job,
                 None => return served,
             },
+            read = process::read_line_capped(
+                &mut worker.stdout,
+                &mut worker.line,
+                MAX_OUTPUT + 1,
+            ),
+                if worker.stdout_open =>
+            {
+                match read {
+                    // No request is in flight, so this line answers nothing, even if it is JSON;
+                    // left in the pipe it would be taken as the next request's answer.
+                    Ok(Line::Complete) => {
+                        crate::logging::program_line(&worker.line);
+                        worker.line.clear();
+                    }
+                    Ok(Line::TooLong) => {
+                        tracing::warn!(
+                            slot,
+                            "worker printed a line over the output limit while idle; replacing it"
+                        );
+                        worker.proc.signal_group(Signal::SIGKILL);
+                        let exit = worker.proc.wait().await;
+                        tracing::warn!(slot, status = exit.code(), "worker exited");
+                        return served;
+                    }
+                    // The worker is exiting; the wait branch sees it end.
+                    Err(_) | Ok(Line::Eof) => {
+                        if !worker.line.is_empty() {
+                            crate::logging::program_line(&worker.line);
+                            worker.line.clear();
+                        }
+                        worker.stdout_open = false;
+                    }
+                }
+                continue;
+            }
             exit = worker.proc.wait() => {
                 tracing::warn!(slot, status = exit.code(), "worker exited");
                 return served;
@@ -285,27 +328,34 @@ async fn serve(
 }
 
 /// Writes one request line and reads stdout until a line parses as JSON.
+///
+/// A line the worker began while idle (`worker.line` not empty) is completed first and logged
+/// whatever it holds: it started before the request was written, so it cannot be the answer.
+/// It still counts against the output limit as one line. A whole line that reached the pipe
+/// just as the job was taken is indistinguishable from an answer; that race is the protocol's.
 async fn exchange(worker: &mut Worker, line: &[u8]) -> Exchange {
     if worker.stdin.write_all(line).await.is_err() {
         return Exchange::Exited;
     }
-    let mut buf = Vec::with_capacity(1024);
+    let mut idle_tail = !worker.line.is_empty();
     loop {
-        buf.clear();
-        match process::read_line_capped(&mut worker.stdout, &mut buf, MAX_OUTPUT + 1).await {
+        match process::read_line_capped(&mut worker.stdout, &mut worker.line, MAX_OUTPUT + 1).await
+        {
             Err(_) | Ok(Line::Eof) => return Exchange::Exited,
             Ok(Line::TooLong) => return Exchange::TooLarge,
             Ok(Line::Complete) => {
-                let text = buf.trim_ascii();
+                let text = worker.line.trim_ascii();
                 match serde_json::from_slice(text) {
-                    Ok(value) => {
-                        return Exchange::Answer(Outcome::answered(response::from_worker_value(
-                            value, text,
-                        )))
+                    Ok(value) if !idle_tail => {
+                        let outcome = Outcome::answered(response::from_worker_value(value, text));
+                        worker.line.clear();
+                        return Exchange::Answer(outcome);
                     }
-                    // A stray print: it belongs in the logs, not in the protocol.
-                    Err(_) => crate::logging::program_line(&buf),
+                    // A stray print, or the end of a line begun while idle: logs, not protocol.
+                    _ => crate::logging::program_line(&worker.line),
                 }
+                worker.line.clear();
+                idle_tail = false;
             }
         }
     }

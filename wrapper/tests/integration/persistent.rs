@@ -174,3 +174,34 @@ fn many_requests_on_keep_alive_connections() {
     let counts = load(w.addr(), 8, 250, "/");
     assert_eq!(counts.get(&200), Some(&2000), "{counts:?}");
 }
+
+#[test]
+fn a_json_line_printed_while_idle_goes_to_the_logs_not_to_the_next_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("idle_printer.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys, threading, time
+def stray():
+    time.sleep(0.2)
+    print(json.dumps({"statusCode": 418, "body": "stray"}), flush=True)
+n = 0
+for line in sys.stdin:
+    n += 1
+    print(json.dumps({"statusCode": 200, "body": {"n": n}}), flush=True)
+    if n == 1:
+        threading.Thread(target=stray).start()
+"#,
+    )
+    .unwrap();
+    let script = script.display().to_string();
+    let w = Wrapper::start(&env("persistent", &["python3", "-u", &script]));
+    let r = w.get("/one");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n"], 1);
+    // The worker printed it between requests: logged as it came, unprefixed.
+    w.wait_log("\n{\"statusCode\": 418, \"body\": \"stray\"}\n");
+    let r = w.get("/two");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n"], 2);
+}
