@@ -262,14 +262,7 @@ async fn push_docker(
         },
         "layers": layers,
     });
-    let bytes = serde_json::to_vec(&manifest).expect("a manifest serializes");
-    let raw = RawManifest {
-        digest: formats::sha256_digest(&bytes),
-        media_type: media::OCI_MANIFEST.into(),
-        bytes,
-    };
-    pusher.push_manifest(&raw, true).await?;
-    pusher.read_back(&raw.digest).await?;
+    let raw = push_written_manifest(pusher, &manifest).await?;
     Ok(ImageInfo {
         digest: raw.digest.clone(),
         media_type: raw.media_type,
@@ -431,6 +424,23 @@ fn gzip_digests(file: &std::fs::File, span: Span) -> std::io::Result<(String, St
     ))
 }
 
+/// Pushes an OCI image manifest the receiver wrote itself (classic docker archives, wasm) as
+/// the tag, then reads the tag back requiring that digest.
+async fn push_written_manifest(
+    pusher: &Pusher,
+    manifest: &serde_json::Value,
+) -> Result<RawManifest, PushError> {
+    let bytes = serde_json::to_vec(manifest).expect("a JSON value serializes");
+    let raw = RawManifest {
+        digest: formats::sha256_digest(&bytes),
+        media_type: media::OCI_MANIFEST.into(),
+        bytes,
+    };
+    pusher.push_manifest(&raw, true).await?;
+    pusher.read_back(&raw.digest).await?;
+    Ok(raw)
+}
+
 /// A module as a CNCF wasm OCI artifact: config `application/vnd.wasm.config.v0+json`, one layer
 /// `application/wasm`.
 async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, PushError> {
@@ -476,14 +486,7 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
         "config": {"mediaType": media::WASM_CONFIG, "digest": config_digest, "size": config.len()},
         "layers": [{"mediaType": media::WASM_LAYER, "digest": digest, "size": module.span.len}],
     });
-    let bytes = serde_json::to_vec(&manifest).expect("a manifest serializes");
-    let raw = RawManifest {
-        digest: formats::sha256_digest(&bytes),
-        media_type: media::OCI_MANIFEST.into(),
-        bytes,
-    };
-    pusher.push_manifest(&raw, true).await?;
-    pusher.read_back(&raw.digest).await?;
+    let raw = push_written_manifest(pusher, &manifest).await?;
     Ok(ImageInfo {
         digest: raw.digest.clone(),
         media_type: raw.media_type,
