@@ -5,6 +5,11 @@
 //! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
 //! wait is on a condition with a deadline, never a bare sleep.
 
+pub mod http;
+pub mod server;
+
+pub use server::Server;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,725 @@
+//! Configuration from environment variables, with one grammar for every binary.
+//!
+//! A binary's `Config` parser creates one [`Env`] over a lookup function (the process
+//! environment in `main`, a map in tests: `std::env::set_var` is a data race), reads each
+//! variable once with the typed readers below, and fails with every bad variable at once
+//! ([`ConfigErrors`]), each naming the variable and its value. The grammar, the same
+//! everywhere:
+//!
+//! - an empty (or all-blank) value means unset, for every variable of every binary;
+//! - durations: a number of seconds, whole or decimal (`30`, `2.5`), or a number with a unit
+//!   `ms`, `s`, `m` or `h` (`500ms`, `1.5s`, `5m`, `1h`, `5 m`);
+//! - sizes: bytes (`1048576`), or a number with a unit: `KiB`/`Ki`, `MiB`/`Mi`, `GiB`/`Gi`,
+//!   `TiB`/`Ti` (powers of 1024) or `KB`/`k`, `MB`/`M`, `GB`/`G`, `TB`/`T` (powers of 1000);
+//! - flags: `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case;
+//! - log levels: `error`, `warn`, `info`, `debug`, `trace`, in any case.
+//!
+//! Each binary also declares its variables in a table of [`VarDoc`]s, from which `version` and
+//! `help` print the "Environment variables" section ([`help`]); [`names_read`] and [`unlisted`]
+//! let a test check that every variable the parser reads is in that table.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+// === the variables table ===
+
+/// What a variable is when it is not set, as `help` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// The binary refuses to start without it.
+    Required,
+    /// Unset means "off" or "none"; nothing to show.
+    Unset,
+    /// This value, as a user would write it.
+    Is(&'static str),
+}
+
+/// One row of a binary's variables table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VarDoc {
+    /// The variable's name.
+    pub name: &'static str,
+    /// What it is when unset.
+    pub default: DefaultValue,
+    /// What it does, in a few words.
+    pub meaning: &'static str,
+}
+
+impl VarDoc {
+    /// A variable with a default value.
+    pub const fn new(name: &'static str, default: &'static str, meaning: &'static str) -> VarDoc {
+        VarDoc {
+            name,
+            default: DefaultValue::Is(default),
+            meaning,
+        }
+    }
+
+    /// A required variable.
+    pub const fn required(name: &'static str, meaning: &'static str) -> VarDoc {
+        VarDoc {
+            name,
+            default: DefaultValue::Required,
+            meaning,
+        }
+    }
+
+    /// A variable that is off or empty when unset.
+    pub const fn optional(name: &'static str, meaning: &'static str) -> VarDoc {
+        VarDoc {
+            name,
+            default: DefaultValue::Unset,
+            meaning,
+        }
+    }
+}
+
+/// The `Environment variables:` section of `help`/`version`: one line per variable, names
+/// aligned, then its meaning and `(default: …)` or `(required)` (tini's `print_usage` shape).
+pub fn help(tables: &[&[VarDoc]]) -> String {
+    let rows = || tables.iter().flat_map(|t| t.iter());
+    let width = rows().map(|v| v.name.len()).max().unwrap_or(0);
+    let mut out = String::from("Environment variables:\n");
+    for v in rows() {
+        let tail = match v.default {
+            DefaultValue::Required => " (required)".to_string(),
+            DefaultValue::Unset => String::new(),
+            DefaultValue::Is(d) => format!(" (default: {d})"),
+        };
+        out.push_str(&format!("  {:<width$}  {}{tail}\n", v.name, v.meaning));
+    }
+    out
+}
+
+/// Every name `parse` asks its lookup for, in order. The lookup answers from `vars`, so a test
+/// can drive the parser down each branch (a mode, a feature switched on).
+pub fn names_read(
+    vars: &[(&str, &str)],
+    parse: impl FnOnce(&dyn Fn(&str) -> Option<String>),
+) -> Vec<String> {
+    let seen = RefCell::new(Vec::new());
+    let lookup = |name: &str| {
+        seen.borrow_mut().push(name.to_string());
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    };
+    parse(&lookup);
+    seen.into_inner()
+}
+
+/// The names in `read` that no row of `tables` documents (a test asserts it is empty).
+pub fn unlisted(tables: &[&[VarDoc]], read: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = read
+        .iter()
+        .filter(|n| !tables.iter().flat_map(|t| t.iter()).any(|v| v.name == *n))
+        .cloned()
+        .collect();
+    out.dedup();
+    out
+}
+
+// === errors ===
+
+/// One bad variable: its name, the value it had (`None` when unset) and what is wrong with it,
+/// in words a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={}: {reason}", display_value(value))]
+pub struct ConfigError {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value, `None` when it was not set.
+    pub value: Option<String>,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn display_value(value: &Option<String>) -> String {
+    match value {
+        Some(v) => format!("{v:?}"),
+        None => "<unset>".to_string(),
+    }
+}
+
+impl ConfigError {
+    /// An error for `name` holding `value` (`None`: unset).
+    pub fn new(name: &'static str, value: Option<&str>, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            name,
+            value: value.map(str::to_string),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Every bad variable found in one pass, in the order they were read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl ConfigErrors {
+    /// The variables named, in order (tests).
+    pub fn names(&self) -> Vec<&'static str> {
+        self.0.iter().map(|e| e.name).collect()
+    }
+
+    /// True when nothing was wrong.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+// === the reader ===
+
+/// Reads variables through a lookup function and collects what is wrong with them.
+pub struct Env<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<ConfigError>,
+}
+
+impl<'a> Env<'a> {
+    /// A reader over `get`.
+    pub fn new(get: &'a dyn Fn(&str) -> Option<String>) -> Env<'a> {
+        Env {
+            get,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The value of `name` as set, trimmed; `None` when unset or blank.
+    pub fn value(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Records that `name` (holding `value`) is bad.
+    pub fn reject(&mut self, name: &'static str, value: Option<&str>, reason: impl Into<String>) {
+        self.errors.push(ConfigError::new(name, value, reason));
+    }
+
+    /// `name` parsed with `parse`, `None` when unset (or bad: the error is recorded).
+    pub fn optional<T>(
+        &mut self,
+        name: &'static str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let value = self.value(name)?;
+        self.check(name, &value, parse)
+    }
+
+    fn check<T>(
+        &mut self,
+        name: &'static str,
+        value: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        match parse(value) {
+            Ok(t) => Some(t),
+            Err(reason) => {
+                self.reject(name, Some(value), reason);
+                None
+            }
+        }
+    }
+
+    /// `name` parsed with `parse`, `default` when unset (or bad: the error is recorded).
+    pub fn parse<T>(
+        &mut self,
+        name: &'static str,
+        default: T,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> T {
+        self.optional(name, parse).unwrap_or(default)
+    }
+
+    /// `name` parsed with `parse`; unset is an error (`required`).
+    pub fn required<T>(
+        &mut self,
+        name: &'static str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        match self.value(name) {
+            Some(value) => self.check(name, &value, parse),
+            None => {
+                self.reject(name, None, "required");
+                None
+            }
+        }
+    }
+
+    /// A flag (`1/0/true/false/yes/no/on/off`).
+    pub fn flag(&mut self, name: &'static str, default: bool) -> bool {
+        self.parse(name, default, parse_flag)
+    }
+
+    /// A duration (see the module docs for the grammar), zero allowed.
+    pub fn duration(&mut self, name: &'static str, default: Duration) -> Duration {
+        self.parse(name, default, parse_duration)
+    }
+
+    /// A duration within `range` (both ends included).
+    pub fn duration_in(
+        &mut self,
+        name: &'static str,
+        default: Duration,
+        range: RangeInclusive<Duration>,
+    ) -> Duration {
+        self.parse(name, default, |v| {
+            let d = parse_duration(v)?;
+            check_duration(d, &range)
+        })
+    }
+
+    /// A size in bytes (see the module docs for the units).
+    pub fn size(&mut self, name: &'static str, default: u64) -> u64 {
+        self.parse(name, default, parse_size)
+    }
+
+    /// A size within `range` bytes.
+    pub fn size_in(&mut self, name: &'static str, default: u64, range: RangeInclusive<u64>) -> u64 {
+        self.parse(name, default, |v| {
+            let n = parse_size(v)?;
+            if range.contains(&n) {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "expected a size from {} to {} bytes",
+                    range.start(),
+                    range.end()
+                ))
+            }
+        })
+    }
+
+    /// A whole number within `range`.
+    pub fn count<T>(&mut self, name: &'static str, default: T, range: RangeInclusive<T>) -> T
+    where
+        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+    {
+        self.parse(name, default, |v| parse_count(v, &range))
+    }
+
+    /// A port to listen on: 0–65535, where 0 lets the kernel pick one (tests read the bound
+    /// port from the `listening` line).
+    pub fn listen_port(&mut self, name: &'static str, default: u16) -> u16 {
+        self.parse(name, default, |v| {
+            v.parse::<u16>()
+                .map_err(|_| "expected a port number from 0 to 65535".to_string())
+        })
+    }
+
+    /// A port to connect to: 1–65535.
+    pub fn port(&mut self, name: &'static str, default: u16) -> u16 {
+        self.parse(name, default, parse_port)
+    }
+
+    /// A log level.
+    pub fn level(&mut self, name: &'static str, default: tracing::Level) -> tracing::Level {
+        self.parse(name, default, parse_level)
+    }
+
+    /// True when some variable was bad so far.
+    pub fn has_errors(&self) -> bool {
+        !self.errors.is_empty()
+    }
+
+    /// Ends the pass: `Ok` when every variable was good.
+    pub fn finish(self) -> Result<(), ConfigErrors> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(self.errors))
+        }
+    }
+
+    /// Ends the pass with `value` when every variable was good (required ones included: pass
+    /// them as `Option`s inside `value`'s builder and unwrap there with [`Option::zip`] etc.).
+    pub fn finish_with<T>(self, value: Option<T>) -> Result<T, ConfigErrors> {
+        match (self.errors.is_empty(), value) {
+            (true, Some(v)) => Ok(v),
+            (_, _) => Err(ConfigErrors(self.errors)),
+        }
+    }
+}
+
+/// The process environment as a lookup (values that are not UTF-8 are read lossily).
+pub fn process_lookup(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+// === the grammar ===
+
+/// `1/0/true/false/yes/no/on/off`, any case.
+pub fn parse_flag(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected 1 or 0 (also true/false, yes/no, on/off)".to_string()),
+    }
+}
+
+/// `error`, `warn`, `info`, `debug` or `trace`, any case.
+pub fn parse_level(v: &str) -> Result<tracing::Level, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "error" => Ok(tracing::Level::ERROR),
+        "warn" | "warning" => Ok(tracing::Level::WARN),
+        "info" => Ok(tracing::Level::INFO),
+        "debug" => Ok(tracing::Level::DEBUG),
+        "trace" => Ok(tracing::Level::TRACE),
+        _ => Err("expected error, warn, info or debug".to_string()),
+    }
+}
+
+/// A port to connect to, 1–65535.
+pub fn parse_port(v: &str) -> Result<u16, String> {
+    match v.trim().parse::<u16>() {
+        Ok(0) | Err(_) => Err("expected a port number from 1 to 65535".to_string()),
+        Ok(p) => Ok(p),
+    }
+}
+
+/// A whole number within `range`.
+pub fn parse_count<T>(v: &str, range: &RangeInclusive<T>) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + fmt::Display,
+{
+    match v.trim().parse::<T>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a whole number from {} to {}",
+            range.start(),
+            range.end()
+        )),
+    }
+}
+
+const DURATION_FORMS: &str = "expected seconds (30, 2.5) or a duration (500ms, 30s, 5m, 1h)";
+
+/// A duration: seconds, whole or decimal, or a number with `ms`, `s`, `m` or `h`. Exact (no
+/// floating point): `0.1s` is 100 ms, not 99.999… ms.
+pub fn parse_duration(v: &str) -> Result<Duration, String> {
+    let v = v.trim();
+    let (number, unit) = split_number(v);
+    let nanos_per_unit: u128 = match unit.trim() {
+        "ms" => 1_000_000,
+        "" | "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        other => return Err(format!("unknown unit {other:?}: {DURATION_FORMS}")),
+    };
+    let (scaled, denominator) = decimal(number).ok_or_else(|| DURATION_FORMS.to_string())?;
+    let nanos = scaled
+        .checked_mul(nanos_per_unit)
+        .map(|n| n / denominator)
+        .ok_or_else(|| "duration too large".to_string())?;
+    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| "duration too large")?;
+    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+/// `d` if it lies in `range`, else a message naming the range the way a user writes it.
+pub fn check_duration(d: Duration, range: &RangeInclusive<Duration>) -> Result<Duration, String> {
+    if d < *range.start() {
+        if range.start().is_zero() || *range.start() <= Duration::from_nanos(1) {
+            return Err("must be greater than zero".to_string());
+        }
+        return Err(format!(
+            "must be at least {}",
+            display_duration(*range.start())
+        ));
+    }
+    if d > *range.end() {
+        return Err(format!(
+            "must be at most {}",
+            display_duration(*range.end())
+        ));
+    }
+    Ok(d)
+}
+
+/// A size in bytes: a number, optionally with a binary (`KiB`, `Ki`, …) or decimal (`KB`, `k`,
+/// …) unit; a decimal number with a unit (`1.5MiB`) is rounded down to whole bytes.
+pub fn parse_size(v: &str) -> Result<u64, String> {
+    const FORMS: &str = "expected bytes (1048576) or a size (512KiB, 64MiB, 2GiB)";
+    let (number, unit) = split_number(v.trim());
+    let per_unit: u128 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "ki" => 1 << 10,
+        "mib" | "mi" => 1 << 20,
+        "gib" | "gi" => 1 << 30,
+        "tib" | "ti" => 1 << 40,
+        "kb" | "k" => 1_000,
+        "mb" | "m" => 1_000_000,
+        "gb" | "g" => 1_000_000_000,
+        "tb" | "t" => 1_000_000_000_000,
+        other => return Err(format!("unknown unit {other:?}: {FORMS}")),
+    };
+    let (scaled, denominator) = decimal(number).ok_or_else(|| FORMS.to_string())?;
+    scaled
+        .checked_mul(per_unit)
+        .map(|n| n / denominator)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| "size too large".to_string())
+}
+
+/// The leading `[0-9.]` run and the rest.
+fn split_number(v: &str) -> (&str, &str) {
+    let end = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    v.split_at(end)
+}
+
+/// `12.5` as (125, 10): digits with at most one `.`, at least one digit, at most 18 decimals.
+fn decimal(number: &str) -> Option<(u128, u128)> {
+    let (whole, frac) = match number.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (number, ""),
+    };
+    if whole.is_empty() && frac.is_empty() || frac.contains('.') || frac.len() > 18 {
+        return None;
+    }
+    let digits = format!("{whole}{frac}");
+    let scaled: u128 = digits.parse().ok()?;
+    Some((scaled, 10u128.pow(frac.len() as u32)))
+}
+
+/// A duration the way a user writes it: `30s`, `2.5s`, `500ms`, `5m`, `1h`.
+pub fn display_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if d.subsec_nanos() == 0 {
+        let s = d.as_secs();
+        if s >= 3600 && s.is_multiple_of(3600) {
+            format!("{}h", s / 3600)
+        } else if s >= 60 && s.is_multiple_of(60) {
+            format!("{}m", s / 60)
+        } else {
+            format!("{s}s")
+        }
+    } else if d < Duration::from_secs(1) && d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{ms}ms")
+    } else {
+        let s = format!("{:.3}", d.as_secs_f64());
+        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn durations_every_unit() {
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2.5"), Ok(MS(2500)));
+        assert_eq!(parse_duration("0.25"), Ok(MS(250)));
+        assert_eq!(parse_duration(".5"), Ok(MS(500)));
+        assert_eq!(parse_duration("500ms"), Ok(MS(500)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1.5s"), Ok(MS(1500)));
+        assert_eq!(parse_duration("0.1s"), Ok(MS(100)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("5 m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration(" 1h "), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_invalid_forms() {
+        for bad in [
+            "",
+            "s",
+            "ms",
+            ".",
+            "1.2.3",
+            "-1",
+            "-1s",
+            "+1s",
+            "abc",
+            "NaN",
+            "inf",
+            "1e9",
+            "10d",
+            "5 mins",
+            "1h30m",
+            "99999999999999999999h",
+            "1,5s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn duration_ranges_and_display() {
+        let r = MS(1)..=Duration::from_secs(86_400);
+        assert_eq!(check_duration(MS(1), &r), Ok(MS(1)));
+        assert_eq!(
+            check_duration(Duration::from_micros(10), &r).unwrap_err(),
+            "must be at least 1ms"
+        );
+        assert_eq!(
+            check_duration(Duration::from_secs(86_401), &r).unwrap_err(),
+            "must be at most 24h"
+        );
+        let positive = Duration::from_nanos(1)..=Duration::MAX;
+        assert_eq!(
+            check_duration(Duration::ZERO, &positive).unwrap_err(),
+            "must be greater than zero"
+        );
+        assert_eq!(display_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(display_duration(MS(2500)), "2.5s");
+        assert_eq!(display_duration(MS(250)), "250ms");
+        assert_eq!(display_duration(Duration::from_secs(300)), "5m");
+    }
+
+    #[test]
+    fn sizes_every_unit() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("1 MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("1Mi"), Ok(1 << 20));
+        assert_eq!(parse_size("64kib"), Ok(64 << 10));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("10KB"), Ok(10_000));
+        assert_eq!(parse_size("10k"), Ok(10_000));
+        assert_eq!(parse_size("3M"), Ok(3_000_000));
+        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size("5B"), Ok(5));
+        for bad in [
+            "",
+            "MiB",
+            "-1",
+            "1.2.3KiB",
+            "1XB",
+            "1e3",
+            "99999999999TiB",
+            "one",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn flags_ports_counts_levels() {
+        for t in ["1", "true", "TRUE", "yes", "on", "On"] {
+            assert_eq!(parse_flag(t), Ok(true), "{t}");
+        }
+        for f in ["0", "false", "no", "off", "OFF"] {
+            assert_eq!(parse_flag(f), Ok(false), "{f}");
+        }
+        for bad in ["2", "y", "enabled", ""] {
+            assert!(parse_flag(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_port("8080"), Ok(8080));
+        assert!(parse_port("0").is_err());
+        assert!(parse_port("65536").is_err());
+        assert_eq!(parse_count("16", &(1..=16)), Ok(16));
+        assert_eq!(
+            parse_count::<u32>("17", &(1..=16)).unwrap_err(),
+            "expected a whole number from 1 to 16"
+        );
+        assert!(parse_count::<u32>("1.5", &(1..=16)).is_err());
+        assert_eq!(parse_level("DEBUG"), Ok(tracing::Level::DEBUG));
+        assert!(parse_level("loud").is_err());
+    }
+
+    fn lookup(vars: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<&str, &str> = vars.iter().copied().collect();
+        move |name| map.get(name).map(|v| v.to_string())
+    }
+
+    #[test]
+    fn every_error_is_collected_with_name_and_value() {
+        let get = lookup(&[
+            ("A_PORT", "http"),
+            ("A_WAIT", "soon"),
+            ("A_FLAG", "maybe"),
+            ("A_EMPTY", "   "),
+        ]);
+        let mut env = Env::new(&get);
+        assert_eq!(env.listen_port("A_PORT", 8080), 8080);
+        assert_eq!(env.duration("A_WAIT", MS(5)), MS(5));
+        assert!(!env.flag("A_FLAG", false));
+        assert_eq!(env.required("A_EMPTY", |v| Ok(v.to_string())), None);
+        assert_eq!(env.count("A_UNSET", 4u32, 1..=8), 4);
+        let errors = env.finish().unwrap_err();
+        assert_eq!(errors.names(), ["A_PORT", "A_WAIT", "A_FLAG", "A_EMPTY"]);
+        let text = errors.to_string();
+        assert!(
+            text.starts_with(r#"A_PORT="http": expected a port number from 0 to 65535; "#),
+            "{text}"
+        );
+        assert!(text.ends_with("A_EMPTY=<unset>: required"), "{text}");
+    }
+
+    #[test]
+    fn finish_with_needs_no_errors_and_a_value() {
+        let get = lookup(&[("B", "7")]);
+        let mut env = Env::new(&get);
+        let b = env.required("B", |v| v.parse::<u8>().map_err(|e| e.to_string()));
+        assert_eq!(env.finish_with(b), Ok(7));
+        let get = lookup(&[]);
+        let mut env = Env::new(&get);
+        let b = env.required("B", |v| v.parse::<u8>().map_err(|e| e.to_string()));
+        assert_eq!(env.finish_with(b).unwrap_err().names(), ["B"]);
+    }
+
+    const TABLE: &[VarDoc] = &[
+        VarDoc::new("PORT", "8080", "port to listen on"),
+        VarDoc::required("RUNR_X_MODE", "exec | http"),
+        VarDoc::optional("RUNR_X_TRACE", "1: trace every request"),
+    ];
+
+    #[test]
+    fn help_renders_the_table() {
+        assert_eq!(
+            help(&[TABLE]),
+            "Environment variables:\n\
+             \x20 PORT          port to listen on (default: 8080)\n\
+             \x20 RUNR_X_MODE   exec | http (required)\n\
+             \x20 RUNR_X_TRACE  1: trace every request\n"
+        );
+    }
+
+    #[test]
+    fn names_read_finds_what_the_table_lacks() {
+        let read = names_read(&[("RUNR_X_MODE", "exec")], |get| {
+            let mut env = Env::new(get);
+            env.listen_port("PORT", 8080);
+            env.required("RUNR_X_MODE", |v| Ok(v.to_string()));
+            env.flag("RUNR_X_SECRET", false);
+        });
+        assert_eq!(read, ["PORT", "RUNR_X_MODE", "RUNR_X_SECRET"]);
+        assert_eq!(unlisted(&[TABLE], &read), ["RUNR_X_SECRET"]);
+    }
+}

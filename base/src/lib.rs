@@ -1,0 +1,24 @@
+//! runr-base: what the edge of every RunR data-plane binary needs, once.
+//!
+//! - [`env`]: reading configuration from environment variables, one grammar for durations,
+//!   sizes, flags, ports and levels; one [`env::ConfigError`]; the variables table that
+//!   `help`/`version` render;
+//! - [`log`]: the prefixed one-line log format;
+//! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
+//! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
+//! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
+//!
+//! It depends only on crates the smallest binary (runr-tick) links anyway, so using it makes
+//! no binary bigger.
+#![forbid(unsafe_code)]
+
+pub mod env;
+pub mod fmt;
+pub mod log;
+#[cfg(feature = "serve")]
+pub mod serve;
+pub mod signal;
+
+/// Exit status for bad configuration or usage (the platform's contract: one line per bad
+/// variable on stderr, then exit 2).
+pub const EXIT_CONFIG: u8 = 2;
