@@ -9,8 +9,10 @@
 //! - an empty (or all-blank) value means unset, for every variable of every binary;
 //! - durations: a number of seconds, whole or decimal (`30`, `2.5`), or a number with a unit
 //!   `ms`, `s`, `m` or `h` (`500ms`, `1.5s`, `5m`, `1h`, `5 m`);
-//! - sizes: bytes (`1048576`), or a number with a unit: `KiB`/`Ki`, `MiB`/`Mi`, `GiB`/`Gi`,
-//!   `TiB`/`Ti` (powers of 1024) or `KB`/`k`, `MB`/`M`, `GB`/`G`, `TB`/`T` (powers of 1000);
+//! - sizes: bytes (`1048576`), or a number with a unit, all powers of 1024: `KiB`, `MiB`,
+//!   `GiB`, `TiB`, also written `Ki`/`KB`/`k`, `Mi`/`MB`/`m`, … in any case (the wrapper's
+//!   replay sizes read `10MB` as 10 MiB before, as Docker's `--memory 512m` does, and a value
+//!   that was valid keeps its meaning);
 //! - flags: `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case;
 //! - log levels: `error`, `warn`, `info`, `debug`, `trace`, in any case.
 //!
@@ -460,21 +462,18 @@ pub fn check_duration(d: Duration, range: &RangeInclusive<Duration>) -> Result<D
     Ok(d)
 }
 
-/// A size in bytes: a number, optionally with a binary (`KiB`, `Ki`, …) or decimal (`KB`, `k`,
-/// …) unit; a decimal number with a unit (`1.5MiB`) is rounded down to whole bytes.
+/// A size in bytes: a number, optionally with a unit that is a power of 1024 (`KiB`, `Ki`, `KB`,
+/// `k`, `MiB`, …, any case); a decimal number with a unit (`1.5MiB`) is rounded down to whole
+/// bytes.
 pub fn parse_size(v: &str) -> Result<u64, String> {
     const FORMS: &str = "expected bytes (1048576) or a size (512KiB, 64MiB, 2GiB)";
     let (number, unit) = split_number(v.trim());
     let per_unit: u128 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "kib" | "ki" => 1 << 10,
-        "mib" | "mi" => 1 << 20,
-        "gib" | "gi" => 1 << 30,
-        "tib" | "ti" => 1 << 40,
-        "kb" | "k" => 1_000,
-        "mb" | "m" => 1_000_000,
-        "gb" | "g" => 1_000_000_000,
-        "tb" | "t" => 1_000_000_000_000,
+        "kib" | "ki" | "kb" | "k" => 1 << 10,
+        "mib" | "mi" | "mb" | "m" => 1 << 20,
+        "gib" | "gi" | "gb" | "g" => 1 << 30,
+        "tib" | "ti" | "tb" | "t" => 1 << 40,
         other => return Err(format!("unknown unit {other:?}: {FORMS}")),
     };
     let (scaled, denominator) = decimal(number).ok_or_else(|| FORMS.to_string())?;
@@ -507,23 +506,24 @@ fn decimal(number: &str) -> Option<(u128, u128)> {
     Some((scaled, 10u128.pow(frac.len() as u32)))
 }
 
-/// A duration the way a user writes it: `30s`, `2.5s`, `500ms`, `5m`, `1h`.
+/// A duration the way a user writes it: `30s`, `2.5s`, `500ms`, `5m`, `1h`; exact (integer
+/// arithmetic: a float would print `88888888888885.547s` for `88888888888885.55`), so what it
+/// prints reads back as the same duration.
 pub fn display_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if d.subsec_nanos() == 0 {
-        let s = d.as_secs();
-        if s >= 3600 && s.is_multiple_of(3600) {
-            format!("{}h", s / 3600)
-        } else if s >= 60 && s.is_multiple_of(60) {
-            format!("{}m", s / 60)
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    if nanos == 0 {
+        if secs >= 3600 && secs.is_multiple_of(3600) {
+            format!("{}h", secs / 3600)
+        } else if secs >= 60 && secs.is_multiple_of(60) {
+            format!("{}m", secs / 60)
         } else {
-            format!("{s}s")
+            format!("{secs}s")
         }
-    } else if d < Duration::from_secs(1) && d.subsec_nanos().is_multiple_of(1_000_000) {
-        format!("{ms}ms")
+    } else if secs == 0 && nanos.is_multiple_of(1_000_000) {
+        format!("{}ms", nanos / 1_000_000)
     } else {
-        let s = format!("{:.3}", d.as_secs_f64());
-        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+        let frac = format!("{nanos:09}");
+        format!("{secs}.{}s", frac.trim_end_matches('0'))
     }
 }
 
@@ -597,6 +597,15 @@ mod tests {
         assert_eq!(display_duration(MS(2500)), "2.5s");
         assert_eq!(display_duration(MS(250)), "250ms");
         assert_eq!(display_duration(Duration::from_secs(300)), "5m");
+        assert_eq!(display_duration(Duration::from_nanos(1_500)), "0.0000015s");
+    }
+
+    /// Found by fuzz/fuzz_targets/env_grammar.rs: a float-formatted display did not read back.
+    #[test]
+    fn regression_large_decimal_durations_read_back() {
+        let d = parse_duration("88888888888885.55").unwrap();
+        assert_eq!(display_duration(d), "88888888888885.55s");
+        assert_eq!(parse_duration(&display_duration(d)), Ok(d));
     }
 
     #[test]
@@ -610,10 +619,10 @@ mod tests {
         assert_eq!(parse_size("1.5KiB"), Ok(1536));
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
-        assert_eq!(parse_size("10KB"), Ok(10_000));
-        assert_eq!(parse_size("10k"), Ok(10_000));
-        assert_eq!(parse_size("3M"), Ok(3_000_000));
-        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size("10KB"), Ok(10 << 10));
+        assert_eq!(parse_size("10k"), Ok(10 << 10));
+        assert_eq!(parse_size("3M"), Ok(3 << 20));
+        assert_eq!(parse_size("1gb"), Ok(1 << 30));
         assert_eq!(parse_size("5B"), Ok(5));
         for bad in [
             "",
