@@ -8,7 +8,9 @@
 //!
 //! - an empty (or all-blank) value means unset, for every variable of every binary;
 //! - durations: a number of seconds, whole or decimal (`30`, `2.5`), or a number with a unit
-//!   `ms`, `s`, `m` or `h` (`500ms`, `1.5s`, `5m`, `1h`, `5 m`);
+//!   `ms`, `s`, `m` or `h` (`500ms`, `1.5s`, `5m`, `1h`, `5 m`); variables whose meaning an
+//!   outside standard fixes in milliseconds (OpenTelemetry's `OTEL_*_TIMEOUT`, `OTEL_BSP_*`)
+//!   take a bare number as milliseconds and the same units otherwise ([`Env::duration_ms`]);
 //! - sizes: bytes (`1048576`), or a number with a unit, all powers of 1024: `KiB`, `MiB`,
 //!   `GiB`, `TiB`, also written `Ki`/`KB`/`k`, `Mi`/`MB`/`m`, … in any case (the wrapper's
 //!   replay sizes read `10MB` as 10 MiB before, as Docker's `--memory 512m` does, and a value
@@ -283,6 +285,13 @@ impl<'a> Env<'a> {
         self.parse(name, default, parse_duration)
     }
 
+    /// A duration where a bare number counts as milliseconds, for variables an outside
+    /// standard defines in milliseconds (OpenTelemetry's `OTEL_EXPORTER_OTLP_TIMEOUT=10000`);
+    /// with a unit it is the common grammar (`500ms`, `10s`).
+    pub fn duration_ms(&mut self, name: &'static str, default: Duration) -> Duration {
+        self.parse(name, default, parse_duration_ms)
+    }
+
     /// A duration within `range` (both ends included).
     pub fn duration_in(
         &mut self,
@@ -442,6 +451,26 @@ pub fn parse_duration(v: &str) -> Result<Duration, String> {
     Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
+/// A duration where a bare number counts as milliseconds (`10000`, `2.5`), else the common
+/// grammar (`500ms`, `10s`, `1m`).
+pub fn parse_duration_ms(v: &str) -> Result<Duration, String> {
+    const FORMS: &str = "expected milliseconds (10000) or a duration (500ms, 10s, 1m)";
+    let v = v.trim();
+    let (number, unit) = split_number(v);
+    let with_unit = if unit.trim().is_empty() {
+        parse_duration(&format!("{number}ms"))
+    } else {
+        parse_duration(v)
+    };
+    with_unit.map_err(|e| {
+        if e.contains("too large") {
+            e
+        } else {
+            FORMS.to_string()
+        }
+    })
+}
+
 /// `d` if it lies in `range`, else a message naming the range the way a user writes it.
 pub fn check_duration(d: Duration, range: &RangeInclusive<Duration>) -> Result<Duration, String> {
     if d < *range.start() {
@@ -574,6 +603,28 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn millisecond_durations_for_outside_standards() {
+        assert_eq!(parse_duration_ms("10000"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration_ms(" 100 "), Ok(MS(100)));
+        assert_eq!(parse_duration_ms("2.5"), Ok(Duration::from_micros(2500)));
+        assert_eq!(parse_duration_ms("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_ms("500ms"), Ok(MS(500)));
+        assert_eq!(parse_duration_ms("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration_ms("1m"), Ok(Duration::from_secs(60)));
+        for bad in ["", "ms", "-1", "10d", "1e3", "soon"] {
+            assert_eq!(
+                parse_duration_ms(bad).unwrap_err(),
+                "expected milliseconds (10000) or a duration (500ms, 10s, 1m)",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse_duration_ms("99999999999999999999999").unwrap_err(),
+            "duration too large"
+        );
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! Where the tick goes and how long to wait for it to be accepted, from environment variables.
+//! Where the tick goes and how long to wait for it to be accepted, from environment variables
+//! (read through [`runr_base::env`]: one grammar, one error per bad variable).
 
 use std::time::Duration;
+
+use runr_base::env::{ConfigErrors, Env, VarDoc};
 
 /// Port of the local server, on 127.0.0.1 (Knative and the CronJob set it).
 pub const ENV_PORT: &str = "PORT";
@@ -13,28 +16,16 @@ pub const ENV_TICK_WAIT: &str = "RUNR_TICK_WAIT";
 /// Default of [`ENV_TICK_WAIT`]: the 60 s of the schedule invoke sequence.
 pub const DEFAULT_TICK_WAIT: Duration = Duration::from_secs(60);
 
-/// A variable with a value we cannot use; the message names both.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{name}={value:?}: {reason}")]
-pub struct ConfigError {
-    /// The variable.
-    pub name: String,
-    /// The value it had.
-    pub value: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl ConfigError {
-    /// An error for variable `name` holding `value`.
-    pub fn new(name: &str, value: &str, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            name: name.to_string(),
-            value: value.to_string(),
-            reason: reason.into(),
-        }
-    }
-}
+/// Every variable the tick reads, for `help` and the test that the parser reads no other.
+pub const VARS: &[VarDoc] = &[
+    VarDoc::new(ENV_PORT, "8080", "port of the server on 127.0.0.1"),
+    VarDoc::optional(ENV_TICK_URL, "http://host:port/path to send to instead"),
+    VarDoc::new(
+        ENV_TICK_WAIT,
+        "60s",
+        "how long to wait for the server to listen",
+    ),
+];
 
 /// An HTTP endpoint to send the tick to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,66 +97,17 @@ pub struct TickConfig {
 impl TickConfig {
     /// Reads the configuration through `get` (the real environment, or a map in tests); returns
     /// every bad variable, not only the first.
-    pub fn from_lookup(
-        get: impl Fn(&str) -> Option<String>,
-    ) -> Result<TickConfig, Vec<ConfigError>> {
-        let mut errors = Vec::new();
-        let port = match get(ENV_PORT) {
-            Some(v) => parse_port(&v).unwrap_or_else(|reason| {
-                errors.push(ConfigError::new(ENV_PORT, &v, reason));
-                DEFAULT_PORT
-            }),
-            None => DEFAULT_PORT,
-        };
-        let target = match get(ENV_TICK_URL).filter(|v| !v.is_empty()) {
-            Some(v) => Target::parse_url(&v).unwrap_or_else(|reason| {
-                errors.push(ConfigError::new(ENV_TICK_URL, &v, reason));
-                Target::local(port)
-            }),
-            None => Target::local(port),
-        };
-        let wait = match get(ENV_TICK_WAIT) {
-            Some(v) => parse_duration(&v).unwrap_or_else(|reason| {
-                errors.push(ConfigError::new(ENV_TICK_WAIT, &v, reason));
-                DEFAULT_TICK_WAIT
-            }),
-            None => DEFAULT_TICK_WAIT,
-        };
-        if errors.is_empty() {
-            Ok(TickConfig { target, wait })
-        } else {
-            Err(errors)
-        }
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<TickConfig, ConfigErrors> {
+        let mut env = Env::new(get);
+        // The port is checked even when the URL wins: a bad PORT is a mistake either way.
+        let port = env.port(ENV_PORT, DEFAULT_PORT);
+        let target = env
+            .optional(ENV_TICK_URL, Target::parse_url)
+            .unwrap_or_else(|| Target::local(port));
+        let wait = env.duration(ENV_TICK_WAIT, DEFAULT_TICK_WAIT);
+        env.finish()?;
+        Ok(TickConfig { target, wait })
     }
-}
-
-/// A TCP port, 1–65535.
-pub fn parse_port(v: &str) -> Result<u16, String> {
-    match v.trim().parse::<u16>() {
-        Ok(0) | Err(_) => Err("expected a port number between 1 and 65535".to_string()),
-        Ok(p) => Ok(p),
-    }
-}
-
-/// A duration with a unit (`250ms`, `30s`, `5m`, `1h`); a bare number counts as seconds, the unit
-/// of the spec's timeouts.
-pub fn parse_duration(v: &str) -> Result<Duration, String> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| "expected a duration like 500ms, 30s, 5m or 1h".to_string())?;
-    let per_unit = match unit {
-        "ms" => Duration::from_millis(1),
-        "" | "s" => Duration::from_secs(1),
-        "m" => Duration::from_secs(60),
-        "h" => Duration::from_secs(3600),
-        _ => return Err(format!("unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    per_unit
-        .checked_mul(u32::try_from(n).map_err(|_| "duration too large".to_string())?)
-        .ok_or_else(|| "duration too large".to_string())
 }
 
 #[cfg(test)]
@@ -173,12 +115,12 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn config(vars: &[(&str, &str)]) -> Result<TickConfig, Vec<ConfigError>> {
+    fn config(vars: &[(&str, &str)]) -> Result<TickConfig, ConfigErrors> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        TickConfig::from_lookup(|name| map.get(name).cloned())
+        TickConfig::from_lookup(&|name| map.get(name).cloned())
     }
 
     #[test]
@@ -187,6 +129,13 @@ mod tests {
         assert_eq!(c.target, Target::local(8080));
         assert_eq!(c.wait, Duration::from_secs(60));
         assert_eq!(c.target.to_string(), "http://127.0.0.1:8080/");
+    }
+
+    #[test]
+    fn empty_values_are_unset() {
+        // `PORT=""` is the default here as it is for `runr-wrapper serve` (it was an error).
+        let c = config(&[("PORT", ""), ("RUNR_TICK_URL", " "), ("RUNR_TICK_WAIT", "")]).unwrap();
+        assert_eq!(c, config(&[]).unwrap());
     }
 
     #[test]
@@ -213,25 +162,40 @@ mod tests {
             ("RUNR_TICK_WAIT", "soon"),
         ])
         .unwrap_err();
-        let names: Vec<_> = errs.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["PORT", "RUNR_TICK_URL", "RUNR_TICK_WAIT"]);
+        assert_eq!(errs.names(), ["PORT", "RUNR_TICK_URL", "RUNR_TICK_WAIT"]);
         assert_eq!(
-            errs[0].to_string(),
-            "PORT=\"http\": expected a port number between 1 and 65535"
+            errs.0[0].to_string(),
+            "PORT=\"http\": expected a port number from 1 to 65535"
         );
         assert!(config(&[("PORT", "0")]).is_err());
         assert!(config(&[("RUNR_TICK_URL", "not a url")]).is_err());
     }
 
     #[test]
-    fn durations_per_unit() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "1.5s", "-1s", "10d", "5 m", "99999999999h"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+    fn the_wait_takes_the_common_duration_grammar() {
+        let wait = |v: &str| config(&[("RUNR_TICK_WAIT", v)]).map(|c| c.wait);
+        assert_eq!(wait("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(wait("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(wait("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(wait("1h"), Ok(Duration::from_secs(3600)));
+        // Valid since the grammar became the one of every binary (rejected before).
+        assert_eq!(wait("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(wait("5 m"), Ok(Duration::from_secs(300)));
+        for bad in ["s", "-1s", "10d", "99999999999999999999h"] {
+            assert!(wait(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn every_variable_read_is_in_the_table() {
+        let read =
+            runr_base::env::names_read(&[("PORT", "1"), ("RUNR_TICK_URL", "http://x/")], |get| {
+                let _ = TickConfig::from_lookup(get);
+            });
+        assert_eq!(read, ["PORT", "RUNR_TICK_URL", "RUNR_TICK_WAIT"]);
+        assert_eq!(
+            runr_base::env::unlisted(&[VARS], &read),
+            Vec::<String>::new()
+        );
     }
 }

@@ -4,33 +4,40 @@
 //! One implementation, two entrypoints: the `runr-tick` binary (WebAssembly images that need only
 //! the tick) and `runr-wrapper tick`; the wrapper's schedule trigger also reuses the event, the
 //! wait-for-listener loop and the send.
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod config;
 pub mod event;
-pub mod log;
 
 use std::io::Write;
 use std::process::ExitCode;
 
+use runr_base::log::LogFormat;
+
 pub use client::{send, send_with, wait_and_send, wait_for_listener, TickError, TickResponse};
-pub use config::{parse_duration, ConfigError, Target, TickConfig};
+pub use config::{Target, TickConfig};
 pub use event::ScheduleEvent;
 
-/// Exit status for a configuration that cannot be used.
-pub const EXIT_CONFIG: u8 = 2;
+/// The log lines of the `runr-tick` binary: prefixed, INFO named (a Job's log has nothing else
+/// to tell our lines from the server's).
+pub const LOG_FORMAT: LogFormat = LogFormat {
+    prefix: "runr-tick",
+    info_level: true,
+    timestamps: false,
+};
 
 /// The whole `tick` command after logging is set up: reads the configuration through `get`,
 /// sends one tick, prints the response body to stdout and returns the exit status (0 below 400,
 /// 1 for an error status or no answer, 2 for bad configuration).
-pub fn command(get: impl Fn(&str) -> Option<String>) -> ExitCode {
+pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
     let config = match TickConfig::from_lookup(get) {
         Ok(c) => c,
         Err(errors) => {
             for e in &errors {
-                tracing::error!(variable = %e.name, value = %e.value, "invalid configuration: {e}");
+                tracing::error!("invalid configuration: {e}");
             }
-            return ExitCode::from(EXIT_CONFIG);
+            return ExitCode::from(runr_base::EXIT_CONFIG);
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -47,7 +54,7 @@ pub fn command(get: impl Fn(&str) -> Option<String>) -> ExitCode {
     match runtime.block_on(wait_and_send(&config.target, config.wait, &event)) {
         Ok(response) => ExitCode::from(print_response(&response)),
         Err(e) => {
-            tracing::error!(target_url = %config.target, "{}", error_chain(&e));
+            tracing::error!(target_url = %config.target, "{}", runr_base::fmt::error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -73,16 +80,4 @@ pub fn print_response(response: &TickResponse) -> u8 {
         );
     }
     response.exit_code()
-}
-
-/// `err` and its sources, joined with `: `.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }

@@ -11,26 +11,24 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("help" | "--help" | "-h") => {
-            print!("{}", USAGE);
+            print!("{}", usage());
             ExitCode::SUCCESS
         }
         Some(other) => {
-            eprintln!("[runr-tick] unknown argument {other:?}\n{USAGE}");
-            ExitCode::from(runr_tick::EXIT_CONFIG)
+            eprintln!("[runr-tick] unknown argument {other:?}\n{}", usage());
+            ExitCode::from(runr_base::EXIT_CONFIG)
         }
         None => {
-            runr_tick::log::init("runr-tick");
-            runr_tick::command(|name| std::env::var(name).ok())
+            runr_base::log::init(runr_tick::LOG_FORMAT, tracing::Level::INFO);
+            runr_tick::command(&runr_base::env::process_lookup)
         }
     }
 }
 
-const USAGE: &str = "\
-runr-tick: sends one schedule CloudEvent (dev.runr.schedule.tick) and prints the answer.
-Exit status: 0 for a status below 400, 1 otherwise or when nothing listens, 2 for bad configuration.
-
-Environment variables:
-  PORT            port of the server on 127.0.0.1 (default: 8080)
-  RUNR_TICK_URL   http://host:port/path to send to instead (default: unset)
-  RUNR_TICK_WAIT  how long to wait for the server to listen (default: 60s)
-";
+fn usage() -> String {
+    format!(
+        "runr-tick: sends one schedule CloudEvent (dev.runr.schedule.tick) and prints the answer.\n\
+         Exit status: 0 for a status below 400, 1 otherwise or when nothing listens, 2 for bad configuration.\n\n{}",
+        runr_base::env::help(&[runr_tick::config::VARS])
+    )
+}

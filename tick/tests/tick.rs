@@ -1,12 +1,13 @@
 //! `runr-tick` end to end: the real binary against a real CloudEvents consumer (python3 with the
 //! `cloudevents` SDK from PyPI), a server that answers an error, a late server and no server.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use runr_testkit::http::Body;
 use runr_testkit::{free_port, Child};
 
 const TICK: &str = env!("CARGO_BIN_EXE_runr-tick");
@@ -109,18 +110,21 @@ fn receiver_rejects_a_non_conforming_event() {
     // The consumer is only a witness if it can say no: a structured-mode-less POST without
     // ce-specversion must be refused.
     let (_rx, port) = start_receiver(0, 200);
-    let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
     let body = r#"{"trigger":"schedule"}"#;
-    write!(
-        s,
-        "POST / HTTP/1.1\r\nHost: x\r\nce-type: dev.runr.schedule.tick\r\nce-source: /runr/schedule\r\n\
-         ce-id: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let answer = runr_testkit::http::request(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        "POST",
+        "/",
+        &[
+            ("ce-type", "dev.runr.schedule.tick"),
+            ("ce-source", "/runr/schedule"),
+            ("ce-id", "1"),
+            ("Content-Type", "application/json"),
+            ("Connection", "close"),
+        ],
+        Body::Sized(body.as_bytes()),
+    );
+    assert_eq!(answer.status, 400, "{}", answer.text());
 }
 
 #[test]

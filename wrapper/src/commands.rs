@@ -71,9 +71,12 @@ pub fn install(dest: &Path) -> Result<(), crate::install::InstallError> {
 /// `version`: the version line, then the environment variables and their defaults.
 pub fn version() -> String {
     format!(
-        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}{}",
+        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
-        Config::help(),
-        crate::observe::ObserveConfig::help()
+        runr_base::env::help(&[crate::config::VARS, crate::observe::VARS]),
+        TICK_VARS
     )
 }
+
+/// What `tick` reads: the `runr-tick` binary's variables.
+const TICK_VARS: &str = "tick reads PORT, RUNR_TICK_URL and RUNR_TICK_WAIT (see runr-tick help).\n";

@@ -1,8 +1,10 @@
 //! The wrapper's configuration: every environment variable, its default, and one error per bad
-//! variable (name and value kept in the error) so a single restart shows every mistake.
+//! variable (name and value kept in the error) so a single restart shows every mistake. Read
+//! through [`runr_base::env`]: the grammar of durations, flags and ports is every binary's.
 
-use std::fmt;
 use std::time::Duration;
+
+use runr_base::env::{ConfigErrors, Env, VarDoc};
 
 /// Port the wrapper listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";
@@ -25,9 +27,11 @@ pub const ENV_WORKERS: &str = "RUNR_WORKERS";
 const DEFAULT_WORKERS: usize = 1;
 const MAX_WORKERS: usize = 16;
 
-/// Time limit per invocation: seconds (`30`, `2.5`) or with a unit (`500ms`, `30s`, `5m`).
+/// Time limit per invocation: seconds (`30`, `2.5`) or with a unit (`500ms`, `30s`, `5m`, `1h`).
 pub const ENV_TIMEOUT: &str = "RUNR_TIMEOUT";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Below a millisecond no handler can even start.
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// An invocation limit above a day is a typo, not a plan.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -39,6 +43,30 @@ const DEFAULT_TRIGGER: Trigger = Trigger::Http;
 /// The wrapper's own log level: `error`, `warn`, `info` or `debug`.
 pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
+
+/// The variables of `serve`, for `version`/`help` (the observation ones follow in
+/// [`crate::observe::VARS`]).
+pub const VARS: &[VarDoc] = &[
+    VarDoc::new(ENV_PORT, "8080", "port to listen on"),
+    VarDoc::required(ENV_MODE, "exec | persistent | http"),
+    VarDoc::required(
+        ENV_COMMAND,
+        "the program: JSON array of strings, or a string split on whitespace",
+    ),
+    VarDoc::new(
+        ENV_INPUT,
+        "json",
+        "json | raw: what an exec-mode handler reads on stdin",
+    ),
+    VarDoc::new(ENV_WORKERS, "1", "persistent-mode workers, 1-16"),
+    VarDoc::new(
+        ENV_TIMEOUT,
+        "30s",
+        "time per invocation: seconds, or 500ms / 30s / 5m / 1h",
+    ),
+    VarDoc::new(ENV_TRIGGER, "http", "http | queue | schedule"),
+    VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
+];
 
 /// How the user's program receives invocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,170 +133,48 @@ pub struct Config {
     pub observe: crate::observe::ObserveConfig,
 }
 
-/// One bad variable: its name, the value it had (`None` when unset) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{name}={}: {reason}", value.as_deref().map(|v| format!("{v:?}")).unwrap_or_else(|| "<unset>".into()))]
-pub struct ConfigError {
-    /// The variable.
-    pub name: &'static str,
-    /// Its value, `None` when it was not set.
-    pub value: Option<String>,
-    /// What is wrong with it, in words a user can act on.
-    pub reason: String,
-}
-
-/// Every bad variable found in one pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
-
 // === impl Config ===
 
 impl Config {
     /// Parses the configuration from `get` (the process environment in production, a map in
     /// tests), collecting every error before failing. Empty values count as unset.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-        let mut errors = Vec::new();
-        let var = |name: &'static str| -> Var {
-            let value = get(name).filter(|v| !v.trim().is_empty());
-            Var { name, value }
-        };
-
-        let port = var(ENV_PORT).parse_or(DEFAULT_PORT, &mut errors, |v| {
-            v.trim()
-                .parse::<u16>()
-                .map_err(|_| "not a port number (0-65535)".to_string())
-        });
-        let mode = var(ENV_MODE).parse_required(&mut errors, |v| match v.trim() {
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut env = Env::new(get);
+        let port = env.listen_port(ENV_PORT, DEFAULT_PORT);
+        let mode = env.required(ENV_MODE, |v| match v {
             "exec" => Ok(Mode::Exec),
             "persistent" => Ok(Mode::Persistent),
             "http" => Ok(Mode::Http),
             _ => Err("expected exec, persistent or http".into()),
         });
-        let command = var(ENV_COMMAND).parse_required(&mut errors, parse_command);
-        let input = var(ENV_INPUT).parse_or(DEFAULT_INPUT, &mut errors, |v| match v.trim() {
+        let command = env.required(ENV_COMMAND, parse_command);
+        let input = env.parse(ENV_INPUT, DEFAULT_INPUT, |v| match v {
             "json" => Ok(Input::Json),
             "raw" => Ok(Input::Raw),
             _ => Err("expected json or raw".into()),
         });
-        let workers = var(ENV_WORKERS).parse_or(DEFAULT_WORKERS, &mut errors, |v| {
-            match v.trim().parse::<usize>() {
-                Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
-                _ => Err(format!("expected a whole number from 1 to {MAX_WORKERS}")),
-            }
-        });
-        let timeout = var(ENV_TIMEOUT).parse_or(DEFAULT_TIMEOUT, &mut errors, parse_timeout);
-        let trigger = var(ENV_TRIGGER).parse_or(DEFAULT_TRIGGER, &mut errors, |v| match v.trim() {
+        let workers = env.count(ENV_WORKERS, DEFAULT_WORKERS, 1..=MAX_WORKERS);
+        let timeout = env.duration_in(ENV_TIMEOUT, DEFAULT_TIMEOUT, MIN_TIMEOUT..=MAX_TIMEOUT);
+        let trigger = env.parse(ENV_TRIGGER, DEFAULT_TRIGGER, |v| match v {
             "http" => Ok(Trigger::Http),
             "queue" => Ok(Trigger::Queue),
             "schedule" => Ok(Trigger::Schedule),
             _ => Err("expected http, queue or schedule".into()),
         });
-        let log_level = var(ENV_LOG).parse_or(DEFAULT_LOG, &mut errors, |v| {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "error" => Ok(tracing::Level::ERROR),
-                "warn" => Ok(tracing::Level::WARN),
-                "info" => Ok(tracing::Level::INFO),
-                "debug" => Ok(tracing::Level::DEBUG),
-                _ => Err("expected error, warn, info or debug".into()),
-            }
+        let log_level = env.level(ENV_LOG, DEFAULT_LOG);
+        let observe = crate::observe::ObserveConfig::parse(&mut env, port);
+        let config = mode.zip(command).map(|(mode, command)| Config {
+            port,
+            mode,
+            command,
+            input,
+            workers,
+            timeout,
+            trigger,
+            log_level,
+            observe,
         });
-        let observe = crate::observe::ObserveConfig::parse(&get, port, &mut errors);
-
-        match (mode, command) {
-            (Some(mode), Some(command)) if errors.is_empty() => Ok(Config {
-                port,
-                mode,
-                command,
-                input,
-                workers,
-                timeout,
-                trigger,
-                log_level,
-                observe,
-            }),
-            _ => Err(ConfigErrors(errors)),
-        }
-    }
-
-    /// The variables, their defaults and meaning, for `runr-wrapper version` / `--help`.
-    pub fn help() -> &'static str {
-        "Environment variables:\n\
-         \x20 PORT               port to listen on (default: 8080)\n\
-         \x20 RUNR_WRAPPER_MODE  exec | persistent | http (required)\n\
-         \x20 RUNR_COMMAND       the program: JSON array of strings, or a string split on whitespace (required)\n\
-         \x20 RUNR_INPUT         json | raw: what an exec-mode handler reads on stdin (default: json)\n\
-         \x20 RUNR_WORKERS       persistent-mode workers, 1-16 (default: 1)\n\
-         \x20 RUNR_TIMEOUT       seconds per invocation, or 500ms / 30s / 5m (default: 30)\n\
-         \x20 RUNR_TRIGGER       http | queue | schedule (default: http)\n\
-         \x20 RUNR_LOG           error | warn | info | debug (default: info)\n"
-    }
-}
-
-/// A variable being parsed; keeps name and value together for the error.
-struct Var {
-    name: &'static str,
-    value: Option<String>,
-}
-
-impl Var {
-    fn parse_or<T>(
-        self,
-        default: T,
-        errors: &mut Vec<ConfigError>,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> T {
-        match &self.value {
-            None => default,
-            Some(v) => match parse(v) {
-                Ok(t) => t,
-                Err(reason) => {
-                    errors.push(self.error(reason));
-                    default
-                }
-            },
-        }
-    }
-
-    fn parse_required<T>(
-        self,
-        errors: &mut Vec<ConfigError>,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Option<T> {
-        match &self.value {
-            None => {
-                errors.push(self.error("required".into()));
-                None
-            }
-            Some(v) => match parse(v) {
-                Ok(t) => Some(t),
-                Err(reason) => {
-                    errors.push(self.error(reason));
-                    None
-                }
-            },
-        }
-    }
-
-    fn error(&self, reason: String) -> ConfigError {
-        ConfigError {
-            name: self.name,
-            value: self.value.clone(),
-            reason,
-        }
+        env.finish_with(config)
     }
 }
 
@@ -285,33 +191,6 @@ pub fn parse_command(v: &str) -> Result<Vec<String>, String> {
         Some(program) if !program.is_empty() => Ok(argv),
         _ => Err("the command is empty".into()),
     }
-}
-
-/// Seconds as a number (`30`, `2.5`), or a number with a unit (`500ms`, `30s`, `5m`).
-pub fn parse_timeout(v: &str) -> Result<Duration, String> {
-    let v = v.trim();
-    let (number, scale) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = v.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (v, 1.0)
-    };
-    let bad = || "expected seconds (30, 2.5) or a duration (500ms, 30s, 5m)".to_string();
-    let n: f64 = number.trim().parse().map_err(|_| bad())?;
-    if !n.is_finite() || n <= 0.0 {
-        return Err("must be greater than zero".into());
-    }
-    let d = Duration::try_from_secs_f64(n * scale).map_err(|_| bad())?;
-    if d > MAX_TIMEOUT {
-        return Err("must be at most 24 hours".into());
-    }
-    if d < Duration::from_millis(1) {
-        return Err("must be at least 1ms".into());
-    }
-    Ok(d)
 }
 
 /// A duration the way the 504 message shows it: whole seconds as `30s`, else `2.5s`.
@@ -334,7 +213,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Config::from_lookup(|name| map.get(name).cloned())
+        Config::from_lookup(&|name| map.get(name).cloned())
     }
 
     #[test]
@@ -383,9 +262,8 @@ mod tests {
             (ENV_TRIGGER, "cron"),
         ])
         .unwrap_err();
-        let names: Vec<_> = errs.0.iter().map(|e| e.name).collect();
         assert_eq!(
-            names,
+            errs.names(),
             [
                 ENV_PORT,
                 ENV_MODE,
@@ -397,7 +275,10 @@ mod tests {
             ]
         );
         let text = errs.to_string();
-        assert!(text.contains(r#"PORT="http": not a port number"#), "{text}");
+        assert!(
+            text.contains(r#"PORT="http": expected a port number from 0 to 65535"#),
+            "{text}"
+        );
         assert!(text.contains("RUNR_COMMAND=<unset>: required"), "{text}");
         assert!(text.contains(r#"RUNR_WORKERS="17""#), "{text}");
     }
@@ -433,27 +314,41 @@ mod tests {
         assert_eq!(e.0[0].name, ENV_COMMAND);
     }
 
+    fn timeout(v: &str) -> Result<Duration, ConfigErrors> {
+        parse(&[(ENV_MODE, "exec"), (ENV_COMMAND, "x"), (ENV_TIMEOUT, v)]).map(|c| c.timeout)
+    }
+
     #[test]
     fn timeout_units() {
-        assert_eq!(parse_timeout("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_timeout("0.25").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_timeout("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_timeout("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_timeout("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(timeout("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(timeout("0.25").unwrap(), Duration::from_millis(250));
+        assert_eq!(timeout("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(timeout("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(timeout("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(timeout("5 m").unwrap(), Duration::from_secs(300));
+        // Valid since RUNR_TIMEOUT takes the common grammar (rejected before).
+        assert_eq!(timeout("5h").unwrap(), Duration::from_secs(5 * 3600));
+        assert_eq!(timeout("24h").unwrap(), MAX_TIMEOUT);
+        // Empty is unset everywhere: the default.
+        assert_eq!(timeout("").unwrap(), DEFAULT_TIMEOUT);
         for bad in [
-            "",
             "0",
             "-1",
             "abc",
-            "5h",
             "ms",
             "NaN",
             "inf",
             "1e9",
             "0.0000001",
+            "25h",
         ] {
-            assert!(parse_timeout(bad).is_err(), "{bad}");
+            let e = timeout(bad).unwrap_err();
+            assert_eq!(e.names(), [ENV_TIMEOUT], "{bad}");
         }
+        assert_eq!(
+            timeout("0").unwrap_err().to_string(),
+            r#"RUNR_TIMEOUT="0": must be at least 1ms"#
+        );
     }
 
     #[test]
@@ -461,5 +356,45 @@ mod tests {
         assert_eq!(display_timeout(Duration::from_secs(30)), "30s");
         assert_eq!(display_timeout(Duration::from_millis(2500)), "2.5s");
         assert_eq!(display_timeout(Duration::from_millis(250)), "0.25s");
+    }
+
+    #[test]
+    fn every_variable_read_is_in_the_table() {
+        use crate::observe::{
+            ENV_OTLP_ENDPOINT, ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_TRACES_TIMEOUT, ENV_REPLAY,
+            ENV_TRACING,
+        };
+        // Every branch: plain exec, then tracing and replay on with the general and with the
+        // traces-specific OTLP variables.
+        let base = [(ENV_MODE, "exec"), (ENV_COMMAND, "cat")];
+        let observed = [(ENV_TRACING, "1"), (ENV_REPLAY, "1")];
+        let general = [(ENV_OTLP_ENDPOINT, "http://c:4318")];
+        let specific = [
+            (ENV_OTLP_TRACES_ENDPOINT, "http://c:4318/v1/traces"),
+            (ENV_OTLP_TRACES_TIMEOUT, "100"),
+        ];
+        let mut read = Vec::new();
+        for vars in [
+            base.to_vec(),
+            [&base[..], &observed, &general].concat(),
+            [&base[..], &observed, &specific].concat(),
+        ] {
+            read.extend(runr_base::env::names_read(&vars, |get| {
+                let _ = Config::from_lookup(get);
+            }));
+        }
+        for name in [
+            ENV_OTLP_TRACES_TIMEOUT,
+            crate::observe::ENV_SDK_DISABLED,
+            ENV_LOG,
+        ] {
+            assert!(read.iter().any(|r| r == name), "{name} read: {read:?}");
+        }
+        read.sort();
+        read.dedup();
+        assert_eq!(
+            runr_base::env::unlisted(&[VARS, crate::observe::VARS], &read),
+            Vec::<String>::new()
+        );
     }
 }

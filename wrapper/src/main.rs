@@ -8,8 +8,7 @@ use runr_wrapper::commands;
 use runr_wrapper::config::Config;
 use runr_wrapper::logging;
 
-/// sysexits-style status for bad configuration and bad usage, as the platform expects.
-const EXIT_CONFIG: u8 = 2;
+use runr_base::EXIT_CONFIG;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,12 +28,11 @@ fn main() -> ExitCode {
 }
 
 fn serve() -> ExitCode {
-    let lookup = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    let config = match Config::from_lookup(lookup) {
+    let config = match Config::from_lookup(&runr_base::env::process_lookup) {
         Ok(config) => config,
         Err(errors) => {
             logging::init(tracing::Level::INFO);
-            for e in &errors.0 {
+            for e in &errors {
                 tracing::error!("invalid configuration: {e}");
             }
             return ExitCode::from(EXIT_CONFIG);
@@ -67,7 +65,7 @@ fn serve() -> ExitCode {
     match runtime.block_on(commands::serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("serve failed: {:#}", anyhow::Error::from(e));
+            tracing::error!("serve failed: {}", runr_base::fmt::error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -76,7 +74,7 @@ fn serve() -> ExitCode {
 /// `tick`: the same command as the `runr-tick` binary (its own variables: PORT, RUNR_TICK_URL).
 fn tick() -> ExitCode {
     logging::init(tracing::Level::INFO);
-    runr_tick::command(|name| std::env::var(name).ok())
+    runr_tick::command(&runr_base::env::process_lookup)
 }
 
 fn install(dest: &Path) -> ExitCode {
@@ -87,9 +85,9 @@ fn install(dest: &Path) -> ExitCode {
         }
         Err(e) => {
             eprintln!(
-                "{} install failed: {:#}",
+                "{} install failed: {}",
                 logging::PREFIX,
-                anyhow::Error::from(e)
+                runr_base::fmt::error_chain(&e)
             );
             ExitCode::FAILURE
         }

@@ -10,13 +10,14 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
+use runr_base::env::{Env, VarDoc};
+use runr_tick::config::{DEFAULT_TICK_WAIT, ENV_TICK_WAIT};
 use runr_tick::Target;
 
-use crate::config::ConfigError;
 use crate::envelope::Request;
 use crate::invoke::{Ended, Outcome};
 use crate::otlp::{Attr, Exporter, OtlpConfig, SpanData};
-use crate::replay::{parse_size, Capture, Failure, ReplayConfig, ReplayWriter};
+use crate::replay::{Capture, Failure, ReplayConfig, ReplayWriter};
 use crate::trace::{self, Sampler, Span};
 
 /// `1`/`true`: a server span and access line per invocation; in http mode the observed proxy.
@@ -49,11 +50,11 @@ pub const ENV_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
 pub const ENV_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
 /// Traces-specific [`ENV_OTLP_HEADERS`].
 pub const ENV_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-/// Per-export time limit in milliseconds.
+/// Per-export time limit in milliseconds (or with a unit, `10s`).
 pub const ENV_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
 /// Traces-specific [`ENV_OTLP_TIMEOUT`].
 pub const ENV_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-const DEFAULT_OTLP_TIMEOUT_MS: u64 = 10_000;
+const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The `service.name` resource attribute.
 pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 /// Knative's service name, the fallback for [`ENV_SERVICE_NAME`].
@@ -63,17 +64,95 @@ const DEFAULT_SERVICE_NAME: &str = "unknown_service:runr-wrapper";
 pub const ENV_SAMPLER: &str = "OTEL_TRACES_SAMPLER";
 /// The sampler's ratio.
 pub const ENV_SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
-/// Longest wait (ms) of a span for its export batch.
+/// Longest wait of a span for its export batch, in milliseconds (or with a unit).
 pub const ENV_BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
-const DEFAULT_BSP_SCHEDULE_DELAY_MS: u64 = 5000;
+const DEFAULT_BSP_SCHEDULE_DELAY: Duration = Duration::from_secs(5);
 /// Spans queued for export at most; more are dropped.
 pub const ENV_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-const DEFAULT_BSP_MAX_QUEUE_SIZE: u64 = 2048;
+const DEFAULT_BSP_MAX_QUEUE_SIZE: usize = 2048;
 /// Spans per export request at most.
 pub const ENV_BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
-const DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: u64 = 512;
-/// `true` turns the export off (OpenTelemetry's standard switch).
+const DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: usize = 512;
+/// `true` turns the export off (OpenTelemetry's standard switch; any other value is false, as
+/// the OpenTelemetry specification has it, so this one is not a flag of the common grammar).
 pub const ENV_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+
+/// The observation variables, for `version`/`help`.
+pub const VARS: &[VarDoc] = &[
+    VarDoc::new(
+        ENV_TRACING,
+        "0",
+        "1 | 0: server span + access line per invocation; http mode runs the observed proxy",
+    ),
+    VarDoc::new(
+        ENV_REPLAY,
+        "0",
+        "1 | 0: capture failed invocations as JSON lines; http mode runs the observed proxy",
+    ),
+    VarDoc::new(ENV_REPLAY_FILE, DEFAULT_REPLAY_FILE, "capture file"),
+    VarDoc::new(
+        ENV_REPLAY_MAX_BODY,
+        "1MiB",
+        "request body bytes kept per capture",
+    ),
+    VarDoc::new(
+        ENV_REPLAY_MAX_BYTES,
+        "64MiB",
+        "rotate the capture file at this size, keeping <file>.1",
+    ),
+    VarDoc::new(
+        ENV_UPSTREAM_PORT,
+        "8081",
+        "port of the program behind the observed proxy",
+    ),
+    VarDoc::new(
+        ENV_TICK_WAIT,
+        "60s",
+        "http mode: how long to wait for the program to listen",
+    ),
+    VarDoc::optional(
+        ENV_OTLP_ENDPOINT,
+        "OTLP/HTTP collector; spans go to <endpoint>/v1/traces (default: no export)",
+    ),
+    VarDoc::optional(
+        ENV_OTLP_TRACES_ENDPOINT,
+        "OTLP/HTTP traces endpoint, used as it is",
+    ),
+    VarDoc::new(ENV_OTLP_PROTOCOL, "http/json", "http/json | http/protobuf"),
+    VarDoc::optional(ENV_OTLP_TRACES_PROTOCOL, "traces-specific protocol"),
+    VarDoc::optional(ENV_OTLP_HEADERS, "export headers: key=value,key2=value2"),
+    VarDoc::optional(ENV_OTLP_TRACES_HEADERS, "traces-specific export headers"),
+    VarDoc::new(
+        ENV_OTLP_TIMEOUT,
+        "10000",
+        "per-export time limit, milliseconds",
+    ),
+    VarDoc::optional(ENV_OTLP_TRACES_TIMEOUT, "traces-specific export time limit"),
+    VarDoc::new(
+        ENV_SERVICE_NAME,
+        "$K_SERVICE, else unknown_service:runr-wrapper",
+        "service.name of the spans",
+    ),
+    VarDoc::optional(ENV_K_SERVICE, "Knative's service name"),
+    VarDoc::new(ENV_SAMPLER, "parentbased_always_on", "the sampler"),
+    VarDoc::new(ENV_SAMPLER_ARG, "1.0", "the sampler's ratio"),
+    VarDoc::new(
+        ENV_BSP_SCHEDULE_DELAY,
+        "5000",
+        "longest wait of a span for its export batch, milliseconds",
+    ),
+    VarDoc::new(
+        ENV_BSP_MAX_QUEUE_SIZE,
+        "2048",
+        "spans queued for export at most; more are dropped",
+    ),
+    VarDoc::new(
+        ENV_BSP_MAX_EXPORT_BATCH_SIZE,
+        "512",
+        "spans per export request at most",
+    ),
+    VarDoc::optional(ENV_SDK_DISABLED, "true: no export"),
+];
 
 /// The observation part of the wrapper's configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +180,7 @@ impl Default for ObserveConfig {
             otlp: None,
             replay: None,
             upstream_port: DEFAULT_UPSTREAM_PORT,
-            listen_wait: runr_tick::config::DEFAULT_TICK_WAIT,
+            listen_wait: DEFAULT_TICK_WAIT,
         }
     }
 }
@@ -112,61 +191,42 @@ impl ObserveConfig {
         self.tracing || self.replay.is_some()
     }
 
-    /// Parses the observation variables through `get`, adding one error per bad variable to
-    /// `errors`. `port` is the wrapper's own port, which the upstream must not share.
-    pub fn parse(
-        get: &impl Fn(&str) -> Option<String>,
-        port: u16,
-        errors: &mut Vec<ConfigError>,
-    ) -> ObserveConfig {
-        let mut p = Parser { get, errors };
-        let tracing = p.flag(ENV_TRACING);
-        let replay_on = p.flag(ENV_REPLAY);
-        let upstream_port = p.parse(
-            ENV_UPSTREAM_PORT,
-            DEFAULT_UPSTREAM_PORT,
-            runr_tick::config::parse_port,
-        );
+    /// Reads the observation variables from `env` (which collects the errors). `port` is the
+    /// wrapper's own port, which the upstream must not share.
+    pub fn parse(env: &mut Env, port: u16) -> ObserveConfig {
+        let tracing = env.flag(ENV_TRACING, false);
+        let replay_on = env.flag(ENV_REPLAY, false);
+        let upstream_port = env.port(ENV_UPSTREAM_PORT, DEFAULT_UPSTREAM_PORT);
         if (replay_on || tracing) && upstream_port == port {
-            p.error(
+            env.reject(
                 ENV_UPSTREAM_PORT,
-                Some(upstream_port.to_string()),
-                "must differ from PORT".into(),
+                Some(&upstream_port.to_string()),
+                "must differ from PORT",
             );
         }
         let sampler = {
-            let name = p.value(ENV_SAMPLER);
-            let arg = p.value(ENV_SAMPLER_ARG);
+            let name = env.value(ENV_SAMPLER);
+            let arg = env.value(ENV_SAMPLER_ARG);
             match Sampler::parse(name.as_deref(), arg.as_deref()) {
                 Ok(s) => s,
                 Err((var, reason)) => {
                     let value = if var == ENV_SAMPLER { name } else { arg };
-                    p.error(var, value, reason);
+                    env.reject(var, value.as_deref(), reason);
                     ObserveConfig::default().sampler
                 }
             }
         };
         let replay = replay_on.then(|| ReplayConfig {
-            file: p
+            file: env
                 .value(ENV_REPLAY_FILE)
                 .unwrap_or_else(|| DEFAULT_REPLAY_FILE.into())
                 .into(),
-            max_body: p.parse(ENV_REPLAY_MAX_BODY, DEFAULT_REPLAY_MAX_BODY, parse_size) as usize,
-            max_bytes: p.parse(
-                ENV_REPLAY_MAX_BYTES,
-                DEFAULT_REPLAY_MAX_BYTES,
-                |v| match parse_size(v) {
-                    Ok(0) => Err("must be greater than zero".into()),
-                    other => other,
-                },
-            ),
+            max_body: usize::try_from(env.size(ENV_REPLAY_MAX_BODY, DEFAULT_REPLAY_MAX_BODY))
+                .unwrap_or(usize::MAX),
+            max_bytes: env.size_in(ENV_REPLAY_MAX_BYTES, DEFAULT_REPLAY_MAX_BYTES, 1..=u64::MAX),
         });
-        let otlp = p.otlp(tracing);
-        let listen_wait = p.parse(
-            runr_tick::config::ENV_TICK_WAIT,
-            runr_tick::config::DEFAULT_TICK_WAIT,
-            runr_tick::parse_duration,
-        );
+        let otlp = otlp(env, tracing);
+        let listen_wait = env.duration(ENV_TICK_WAIT, DEFAULT_TICK_WAIT);
         ObserveConfig {
             tracing,
             sampler,
@@ -176,159 +236,92 @@ impl ObserveConfig {
             listen_wait,
         }
     }
-
-    /// The variables, for `runr-wrapper version`.
-    pub fn help() -> &'static str {
-        "\x20 RUNR_TRACING       1 | 0: server span + access line per invocation; http mode runs the observed proxy (default: 0)\n\
-         \x20 RUNR_REPLAY        1 | 0: capture failed invocations as JSON lines; http mode runs the observed proxy (default: 0)\n\
-         \x20 RUNR_REPLAY_FILE   capture file (default: /tmp/runr-replay.jsonl)\n\
-         \x20 RUNR_REPLAY_MAX_BODY   request body bytes kept per capture (default: 1MiB)\n\
-         \x20 RUNR_REPLAY_MAX_BYTES  rotate the capture file at this size, keeping <file>.1 (default: 64MiB)\n\
-         \x20 RUNR_UPSTREAM_PORT port of the program behind the observed proxy (default: 8081)\n\
-         \x20 RUNR_TICK_WAIT     http mode: how long to wait for the program to listen (default: 60s)\n\
-         \x20 OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  OTLP/HTTP collector (default: no export)\n\
-         \x20 OTEL_SERVICE_NAME  service.name of the spans (default: $K_SERVICE, else unknown_service:runr-wrapper)\n\
-         \x20 OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG  sampler and ratio (default: parentbased_always_on)\n"
-    }
 }
 
-struct Parser<'a, G: Fn(&str) -> Option<String>> {
-    get: &'a G,
-    errors: &'a mut Vec<ConfigError>,
+/// The first of two variables that is set: the traces-specific one wins.
+fn either(
+    env: &Env,
+    specific: &'static str,
+    general: &'static str,
+) -> Option<(&'static str, String)> {
+    env.value(specific)
+        .map(|v| (specific, v))
+        .or_else(|| env.value(general).map(|v| (general, v)))
 }
 
-impl<G: Fn(&str) -> Option<String>> Parser<'_, G> {
-    fn value(&self, name: &str) -> Option<String> {
-        (self.get)(name).filter(|v| !v.trim().is_empty())
-    }
+/// A queue or batch size: a whole number above zero.
+fn positive(env: &mut Env, name: &'static str, default: usize) -> usize {
+    env.parse(name, default, |v| {
+        runr_base::env::parse_count(v, &(1..=usize::MAX))
+            .map_err(|_| "expected a positive whole number".to_string())
+    })
+}
 
-    fn error(&mut self, name: &'static str, value: Option<String>, reason: String) {
-        self.errors.push(ConfigError {
-            name,
-            value,
-            reason,
-        });
-    }
-
-    fn parse<T>(
-        &mut self,
-        name: &'static str,
-        default: T,
-        f: impl FnOnce(&str) -> Result<T, String>,
-    ) -> T {
-        match self.value(name) {
-            None => default,
-            Some(v) => match f(&v) {
-                Ok(t) => t,
-                Err(reason) => {
-                    self.error(name, Some(v), reason);
-                    default
-                }
-            },
+/// The span export, when an endpoint is set, tracing is on and the SDK is not disabled.
+fn otlp(env: &mut Env, tracing: bool) -> Option<OtlpConfig> {
+    let (name, v) = either(env, ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_ENDPOINT)?;
+    let url = if name == ENV_OTLP_ENDPOINT {
+        format!("{}/v1/traces", v.trim_end_matches('/'))
+    } else {
+        v.clone()
+    };
+    let endpoint = match Target::parse_url(&url) {
+        Ok(t) => Some(t),
+        Err(reason) => {
+            env.reject(
+                name,
+                Some(&v),
+                format!(
+                    "{reason} (the exporter speaks plain OTLP/HTTP to an in-cluster collector)"
+                ),
+            );
+            None
+        }
+    };
+    if let Some((name, v)) = either(env, ENV_OTLP_TRACES_PROTOCOL, ENV_OTLP_PROTOCOL) {
+        if !matches!(v.as_str(), "http/json" | "http/protobuf") {
+            env.reject(
+                name,
+                Some(&v),
+                "expected http/json or http/protobuf (grpc is not supported)",
+            );
         }
     }
-
-    fn flag(&mut self, name: &'static str) -> bool {
-        self.parse(name, false, |v| {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => Ok(true),
-                "0" | "false" | "no" | "off" => Ok(false),
-                _ => Err("expected 1 or 0".into()),
-            }
-        })
-    }
-
-    fn millis(&mut self, name: &'static str, default: u64) -> Duration {
-        Duration::from_millis(self.parse(name, default, |v| {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| "expected milliseconds".to_string())
-        }))
-    }
-
-    fn count(&mut self, name: &'static str, default: u64) -> usize {
-        self.parse(name, default, |v| match v.trim().parse::<u64>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err("expected a positive whole number".into()),
-        }) as usize
-    }
-
-    /// The first of two variables that is set: the traces-specific one wins.
-    fn either(
-        &self,
-        specific: &'static str,
-        general: &'static str,
-    ) -> Option<(&'static str, String)> {
-        self.value(specific)
-            .map(|v| (specific, v))
-            .or_else(|| self.value(general).map(|v| (general, v)))
-    }
-
-    fn otlp(&mut self, tracing: bool) -> Option<OtlpConfig> {
-        let endpoint = match self.either(ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_ENDPOINT) {
-            None => return None,
-            Some((name, v)) => {
-                let url = if name == ENV_OTLP_ENDPOINT {
-                    format!("{}/v1/traces", v.trim().trim_end_matches('/'))
-                } else {
-                    v.trim().to_string()
-                };
-                match Target::parse_url(&url) {
-                    Ok(t) => Some(t),
-                    Err(reason) => {
-                        self.error(name, Some(v), format!("{reason} (the exporter speaks plain OTLP/HTTP to an in-cluster collector)"));
-                        None
-                    }
-                }
-            }
-        };
-        if let Some((name, v)) = self.either(ENV_OTLP_TRACES_PROTOCOL, ENV_OTLP_PROTOCOL) {
-            if !matches!(v.trim(), "http/json" | "http/protobuf") {
-                self.error(
-                    name,
-                    Some(v),
-                    "expected http/json or http/protobuf (grpc is not supported)".into(),
-                );
-            }
-        }
-        let headers = match self.either(ENV_OTLP_TRACES_HEADERS, ENV_OTLP_HEADERS) {
-            None => Vec::new(),
-            Some((name, v)) => match parse_headers(&v) {
-                Ok(h) => h,
-                Err(reason) => {
-                    self.error(name, Some(v), reason);
-                    Vec::new()
-                }
-            },
-        };
-        let timeout = match self.value(ENV_OTLP_TRACES_TIMEOUT) {
-            Some(_) => self.millis(ENV_OTLP_TRACES_TIMEOUT, DEFAULT_OTLP_TIMEOUT_MS),
-            None => self.millis(ENV_OTLP_TIMEOUT, DEFAULT_OTLP_TIMEOUT_MS),
-        };
-        let schedule_delay = self.millis(ENV_BSP_SCHEDULE_DELAY, DEFAULT_BSP_SCHEDULE_DELAY_MS);
-        let max_queue = self.count(ENV_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE);
-        let max_batch = self.count(
-            ENV_BSP_MAX_EXPORT_BATCH_SIZE,
-            DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE,
-        );
-        let disabled = self
-            .value(ENV_SDK_DISABLED)
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let service_name = self
-            .value(ENV_SERVICE_NAME)
-            .or_else(|| self.value(ENV_K_SERVICE))
-            .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
-        Some(OtlpConfig {
-            endpoint: endpoint?,
-            headers,
-            service_name,
-            timeout,
-            schedule_delay,
-            max_queue,
-            max_batch: max_batch.min(max_queue),
-        })
-        .filter(|_| tracing && !disabled)
-    }
+    let headers = match either(env, ENV_OTLP_TRACES_HEADERS, ENV_OTLP_HEADERS) {
+        None => Vec::new(),
+        Some((name, v)) => parse_headers(&v).unwrap_or_else(|reason| {
+            env.reject(name, Some(&v), reason);
+            Vec::new()
+        }),
+    };
+    let timeout = match env.value(ENV_OTLP_TRACES_TIMEOUT) {
+        Some(_) => env.duration_ms(ENV_OTLP_TRACES_TIMEOUT, DEFAULT_OTLP_TIMEOUT),
+        None => env.duration_ms(ENV_OTLP_TIMEOUT, DEFAULT_OTLP_TIMEOUT),
+    };
+    let schedule_delay = env.duration_ms(ENV_BSP_SCHEDULE_DELAY, DEFAULT_BSP_SCHEDULE_DELAY);
+    let max_queue = positive(env, ENV_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE);
+    let max_batch = positive(
+        env,
+        ENV_BSP_MAX_EXPORT_BATCH_SIZE,
+        DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE,
+    );
+    let disabled = env
+        .value(ENV_SDK_DISABLED)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let service_name = env
+        .value(ENV_SERVICE_NAME)
+        .or_else(|| env.value(ENV_K_SERVICE))
+        .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
+    Some(OtlpConfig {
+        endpoint: endpoint?,
+        headers,
+        service_name,
+        timeout,
+        schedule_delay,
+        max_queue,
+        max_batch: max_batch.min(max_queue),
+    })
+    .filter(|_| tracing && !disabled)
 }
 
 /// `key=value,key2=value2` (W3C baggage-like, as the OTLP exporter spec defines).
@@ -628,14 +621,15 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn parse(vars: &[(&str, &str)]) -> (ObserveConfig, Vec<ConfigError>) {
+    fn parse(vars: &[(&str, &str)]) -> (ObserveConfig, Vec<runr_base::env::ConfigError>) {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let mut errors = Vec::new();
-        let c = ObserveConfig::parse(&|n: &str| map.get(n).cloned(), 8080, &mut errors);
-        (c, errors)
+        let get = |n: &str| map.get(n).cloned();
+        let mut env = Env::new(&get);
+        let c = ObserveConfig::parse(&mut env, 8080);
+        (c, env.finish().err().unwrap_or_default().0)
     }
 
     #[test]

@@ -233,8 +233,8 @@ pub fn encode(service_name: &str, spans: &[SpanData]) -> Vec<u8> {
 
 fn encode_span(s: &SpanData) -> Value {
     let mut span = json!({
-        "traceId": runr_tick::event::hex(&s.span.trace_id),
-        "spanId": runr_tick::event::hex(&s.span.span_id),
+        "traceId": runr_base::fmt::hex(&s.span.trace_id),
+        "spanId": runr_base::fmt::hex(&s.span.span_id),
         "name": s.name,
         "kind": 2, // SPAN_KIND_SERVER
         "startTimeUnixNano": unix_nanos(s.span.start).to_string(),
@@ -244,7 +244,7 @@ fn encode_span(s: &SpanData) -> Value {
         "status": {"code": if s.error { 2 } else { 0 }},
     });
     if let Some(parent) = &s.span.parent_span_id {
-        span["parentSpanId"] = Value::String(runr_tick::event::hex(parent));
+        span["parentSpanId"] = Value::String(runr_base::fmt::hex(parent));
     }
     span
 }

@@ -96,7 +96,7 @@ impl Capture<'_> {
             Err(_) => (base64::engine::general_purpose::STANDARD.encode(kept), true),
         };
         let mut doc = json!({
-            "time": runr_tick::event::rfc3339_millis(self.time),
+            "time": runr_base::fmt::rfc3339_millis(self.time),
             "trigger": self.trigger,
             "method": self.method,
             "path": self.path,
@@ -252,25 +252,6 @@ fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
 
-/// A byte size: a number of bytes, or with `KiB`, `MiB`, `GiB` (also `K`, `M`, `G`, `k`, `kb`...).
-pub fn parse_size(v: &str) -> Result<u64, String> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| "expected a size like 1048576, 512KiB or 64MiB".to_string())?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("unknown size unit {unit:?} (use KiB, MiB or GiB)")),
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| "size too large".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,17 +316,5 @@ mod tests {
             std::fs::read_to_string(rotated(&path)).unwrap(),
             "cccc\ndddd\n"
         );
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1048576"), Ok(1 << 20));
-        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("512k"), Ok(512 << 10));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        for bad in ["", "MiB", "1.5MiB", "-1", "3TB"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -82,7 +82,7 @@ async fn invoke_sequence(config: &Config) -> u8 {
                     runr_tick::print_response(&response)
                 }
                 Ok(Err(e)) => {
-                    tracing::error!("{}", runr_tick::error_chain(&e));
+                    tracing::error!("{}", runr_base::fmt::error_chain(&e));
                     observe_tick(&event, span, 502, Some(Failure::Crash), started.elapsed());
                     1
                 }

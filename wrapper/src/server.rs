@@ -16,8 +16,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
@@ -55,8 +54,8 @@ pub async fn run(
 }
 
 /// The accept loop every HTTP face of the wrapper shares (exec/persistent server, observed
-/// proxy): one HTTP/1 connection task per client with a service from `make_service`; once
-/// `shutdown` completes, stop accepting and give in-flight requests up to [`DRAIN_LIMIT`].
+/// proxy): [`runr_base::serve::serve_connections`] with hyper's default header-read timeout
+/// (slow clients cannot pin a task) and [`DRAIN_LIMIT`].
 pub async fn serve_connections<S, B>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -68,46 +67,12 @@ pub async fn serve_connections<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
-    // The timer gives hyper its default header-read timeout (slow clients cannot pin a task).
     http.timer(TokioTimer::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    // Answers are single small writes; do not let Nagle hold them back.
-                    let _ = stream.set_nodelay(true);
-                    let conn = graceful
-                        .watch(http.serve_connection(TokioIo::new(stream), make_service()));
-                    tokio::spawn(async move {
-                        // Client resets and half-sent requests are the client's business.
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning on accept.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!(
-        connections = graceful.count(),
-        "shutting down: stopped accepting, draining in-flight requests"
-    );
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("drained"),
-        () = tokio::time::sleep(DRAIN_LIMIT) => {
-            tracing::warn!(limit_s = DRAIN_LIMIT.as_secs(), "drain did not finish in time");
-        }
-    }
+    runr_base::serve::serve_connections(listener, http, shutdown, DRAIN_LIMIT, |_, _| {
+        make_service()
+    })
+    .await;
 }
 
 async fn handle(

@@ -1,21 +1,14 @@
-//! The one shutdown future of the wrapper.
+//! The one shutdown future of the wrapper: [`runr_base::signal::shutdown`], with the line that
+//! says which signal asked.
 
 use std::future::Future;
 
-use tokio::signal::unix::{signal, SignalKind};
-
-/// Resolves on the first SIGTERM or SIGINT. The handlers are installed when this is called (so
-/// a signal arriving before the future is polled is not lost, and as PID 1 — where the kernel
-/// drops signals without a handler — SIGTERM does reach us).
+/// Resolves on the first SIGTERM (the kubelet: scale-down, a new revision) or SIGINT (Ctrl-C by
+/// hand). The handlers are installed when this is called (see [`runr_base::signal::shutdown`]).
 pub fn shutdown() -> std::io::Result<impl Future<Output = ()>> {
-    // SIGTERM: Kubernetes (the kubelet) sends it on scale-down and for a new revision.
-    let mut term = signal(SignalKind::terminate())?;
-    // SIGINT: Ctrl-C while running the wrapper by hand.
-    let mut int = signal(SignalKind::interrupt())?;
+    let stop = runr_base::signal::shutdown()?;
     Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutdown requested"),
-            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutdown requested"),
-        }
+        let signal = stop.await;
+        tracing::info!(signal = ?signal.name(), "shutdown requested");
     })
 }

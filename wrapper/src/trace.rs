@@ -180,7 +180,7 @@ impl Span {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_traceparent);
         let mut ids = [0u8; 24];
-        runr_tick::event::random_bytes(&mut ids);
+        runr_base::fmt::random_bytes(&mut ids);
         let mut span_id = [0u8; 8];
         span_id.copy_from_slice(&ids[16..]);
         if span_id == [0; 8] {
@@ -207,15 +207,15 @@ impl Span {
     pub fn traceparent(&self) -> String {
         format!(
             "00-{}-{}-{}",
-            runr_tick::event::hex(&self.trace_id),
-            runr_tick::event::hex(&self.span_id),
+            runr_base::fmt::hex(&self.trace_id),
+            runr_base::fmt::hex(&self.span_id),
             if self.sampled { "01" } else { "00" }
         )
     }
 
     /// The trace id as 32 lower-case hex digits.
     pub fn trace_id_hex(&self) -> String {
-        runr_tick::event::hex(&self.trace_id)
+        runr_base::fmt::hex(&self.trace_id)
     }
 }
 
@@ -238,8 +238,8 @@ pub fn access_line(
     format!(
         "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
         crate::logging::PREFIX,
-        runr_tick::event::hex(&span.trace_id),
-        runr_tick::event::hex(&span.span_id),
+        runr_base::fmt::hex(&span.trace_id),
+        runr_base::fmt::hex(&span.span_id),
         span.sampled,
         method,
         path,
@@ -265,10 +265,10 @@ mod tests {
     fn traceparent_parses_and_rejects() {
         let p = parse_traceparent(TP).unwrap();
         assert_eq!(
-            runr_tick::event::hex(&p.trace_id),
+            runr_base::fmt::hex(&p.trace_id),
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
-        assert_eq!(runr_tick::event::hex(&p.span_id), "00f067aa0ba902b7");
+        assert_eq!(runr_base::fmt::hex(&p.span_id), "00f067aa0ba902b7");
         assert!(p.sampled);
         assert!(
             !parse_traceparent(&TP.replace("-01", "-00"))
@@ -302,9 +302,7 @@ mod tests {
         );
         assert_eq!(s.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(
-            s.parent_span_id
-                .map(|p| runr_tick::event::hex(&p))
-                .as_deref(),
+            s.parent_span_id.map(|p| runr_base::fmt::hex(&p)).as_deref(),
             Some("00f067aa0ba902b7")
         );
         assert!(s.sampled, "parent-based follows the caller's flag");
