@@ -1,82 +1,139 @@
-//! The subcommands: `serve` (the default), `install <dest>` and `version`.
+//! The subcommands, `serve` (the default), `install <dest>`, `tick` and `version`, each turned
+//! into an exit status: 2 for bad configuration or usage, 1 for a failure at run time.
+//!
+//! `serve` sets up once, for every shape of run, what they all need: the log format, the one
+//! thread runtime, the reaper, the observer and (for the servers) the shutdown signal; then it
+//! runs the exec/persistent server, http mode (direct exec or the observed proxy) or the
+//! schedule one-shot, and flushes the spans still queued.
 
+use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::process::ExitCode;
+use std::time::Duration;
 
-use tokio::net::TcpListener;
+use runr_base::env::process_lookup;
+use runr_base::fmt::error_chain;
 
-use crate::config::{Config, Mode};
-use crate::invoke::Invoker;
-use crate::{reaper, server, signal};
+use crate::config::{Config, Mode, Trigger};
+use crate::observe::{self, LOG_FORMAT, PREFIX};
+use crate::process::reaper;
+use crate::{http, schedule};
 
-/// Why `serve` stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The listening socket could not be bound.
-    #[error("cannot listen on port {0}")]
-    Bind(u16, #[source] std::io::Error),
-    /// Signal handlers could not be installed.
-    #[error("cannot install signal handlers")]
-    Signals(#[source] std::io::Error),
-    /// The configured mode is not served by this build.
-    #[error("RUNR_WRAPPER_MODE={0:?} is not supported by this build")]
-    Unsupported(&'static str),
+/// How long the exporter gets at exit for the spans (and the writer for the captures) still
+/// queued.
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// `serve`: runs as configured until SIGTERM/SIGINT (servers) or until the one-shot is done.
+pub fn serve() -> ExitCode {
+    let config = match Config::from_lookup(&process_lookup) {
+        Ok(config) => config,
+        Err(errors) => {
+            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
+            for e in &errors {
+                tracing::error!("invalid configuration: {e}");
+            }
+            return ExitCode::from(runr_base::EXIT_CONFIG);
+        }
+    };
+    runr_base::log::init(LOG_FORMAT, config.log_level);
+    // http mode without tracing/replay: become the program (returns only when that failed).
+    // Before any runtime or signal handler exists: execve keeps the signal mask and ignored
+    // signals.
+    if let Some(code) = http::direct::exec_if_direct(&config) {
+        return code;
+    }
+    // One thread: the wrapper's work per request is small, and a single thread keeps its
+    // memory small and its spawning/reaping free of cross-thread races.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    ExitCode::from(runtime.block_on(run(&config)))
 }
 
-/// Runs the wrapper as configured until SIGTERM/SIGINT, then drains and stops the workers.
-pub async fn serve(config: Config) -> Result<(), ServeError> {
-    crate::observe::install(&config.observe);
+/// Everything after the runtime exists: observer, reaper, signals, then the run's shape.
+async fn run(config: &Config) -> u8 {
+    observe::install(&config.observe);
     reaper::adopt_orphans();
     // Before anything is spawned (persistent workers start right away).
-    reaper::ensure_started().map_err(ServeError::Signals)?;
-    let shutdown = signal::shutdown().map_err(ServeError::Signals)?;
-    let invoker = match Invoker::new(&config) {
-        Some(invoker) => Arc::new(invoker),
-        None => return Err(ServeError::Unsupported(mode_name(config.mode))),
+    if let Err(e) = reaper::ensure_started() {
+        tracing::error!(error = %e, "cannot install signal handlers");
+        return 1;
+    }
+    let code = if config.trigger == Trigger::Schedule {
+        // A one-shot has nothing to drain: SIGTERM keeps its default action and ends it.
+        schedule::run(config).await
+    } else {
+        let shutdown = match shutdown() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot install signal handlers");
+                return 1;
+            }
+        };
+        match config.mode {
+            Mode::Http => http::proxy::run(config, shutdown).await,
+            Mode::Exec | Mode::Persistent => http::server::run(config, shutdown).await,
+        }
     };
-    let listener = TcpListener::bind(("0.0.0.0", config.port))
-        .await
-        .map_err(|e| ServeError::Bind(config.port, e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ServeError::Bind(config.port, e))?;
-    tracing::info!(
-        %addr,
-        mode = %mode_name(config.mode),
-        command = ?config.command,
-        trigger = %config.trigger.as_str(),
-        workers = config.workers,
-        timeout = %crate::config::display_timeout(config.timeout),
-        "listening"
-    );
-    server::run(listener, invoker.clone(), config.trigger, shutdown).await;
-    invoker.shutdown().await;
-    tracing::info!("stopped");
-    Ok(())
+    observe::flush(FLUSH_LIMIT).await;
+    code
 }
 
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Exec => "exec",
-        Mode::Persistent => "persistent",
-        Mode::Http => "http",
+/// Resolves on the first SIGTERM (the kubelet: scale-down, a new revision) or SIGINT (Ctrl-C by
+/// hand), saying which; the handlers are installed when this is called.
+fn shutdown() -> std::io::Result<impl Future<Output = ()>> {
+    let stop = runr_base::signal::shutdown()?;
+    Ok(async move {
+        let signal = stop.await;
+        tracing::info!(signal = ?signal.name(), "shutdown requested");
+    })
+}
+
+/// `tick`: the same command as the `runr-tick` binary (its own variables: PORT, RUNR_TICK_URL,
+/// RUNR_TICK_WAIT), with the wrapper's log prefix.
+pub fn tick() -> ExitCode {
+    runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
+    runr_tick::command(&process_lookup)
+}
+
+/// `install <dest>`: copies this executable to `dest`.
+pub fn install(dest: &Path) -> ExitCode {
+    match crate::install::install(dest) {
+        Ok(()) => {
+            eprintln!("{PREFIX} installed to {}", dest.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{PREFIX} install failed: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
     }
 }
 
-/// `install <dest>`.
-pub fn install(dest: &Path) -> Result<(), crate::install::InstallError> {
-    crate::install::install(dest)
+/// `version` / `help`: the version line, the usage, the variables and their defaults.
+pub fn version() -> ExitCode {
+    print!("{}", version_text());
+    ExitCode::SUCCESS
 }
 
-/// `version`: the version line, then the environment variables and their defaults.
-pub fn version() -> String {
+/// Bad usage: `problem`, then the usage, on stderr; exit 2.
+pub fn usage(problem: &str) -> ExitCode {
+    eprintln!("{PREFIX} {problem}\n\n{}", version_text());
+    ExitCode::from(runr_base::EXIT_CONFIG)
+}
+
+fn version_text() -> String {
     format!(
-        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}\n{}",
+        "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}\n\
+         tick reads PORT, RUNR_TICK_URL and RUNR_TICK_WAIT (see runr-tick help).\n",
         env!("CARGO_PKG_VERSION"),
-        runr_base::env::help(&[crate::config::VARS, crate::observe::VARS]),
-        TICK_VARS
+        runr_base::env::help(&[crate::config::VARS, crate::config::observe::VARS]),
     )
 }
-
-/// What `tick` reads: the `runr-tick` binary's variables.
-const TICK_VARS: &str = "tick reads PORT, RUNR_TICK_URL and RUNR_TICK_WAIT (see runr-tick help).\n";

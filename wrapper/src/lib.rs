@@ -1,26 +1,28 @@
 //! runr-wrapper: the entrypoint of RunR function containers. It turns HTTP requests, queue
 //! CloudEvents and schedule ticks into invocations of the user's program (exec mode: one
-//! process per invocation; persistent mode: long-lived workers speaking JSON lines), and as
-//! PID 1 reaps every orphan.
+//! process per invocation; persistent mode: long-lived workers speaking JSON lines; http mode:
+//! the program's own server, directly or behind the observed proxy), and as PID 1 reaps every
+//! orphan.
+//!
+//! The layers, each using only those below it:
+//!
+//! - [`commands`]: the subcommands, and what every run sets up once;
+//! - `schedule`, `install`: the schedule one-shots; copying the binary;
+//! - `http`: the server of exec/persistent mode, the observed proxy, http mode's direct run;
+//! - `invoke`: one invocation in exec or persistent mode, and its observation hook;
+//! - `envelope`, `response`: request → what the handler reads; what it wrote → answer;
+//! - `process`: spawning in process groups, and the one reaper;
+//! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, log format;
+//! - `config`: every variable.
 #![forbid(unsafe_code)]
 
 pub mod commands;
-pub mod config;
-pub mod envelope;
-pub mod exec;
-pub mod httpmode;
-pub mod install;
-pub mod invoke;
-pub mod logging;
-pub mod observe;
-pub mod otlp;
-pub mod pool;
-pub mod process;
-pub mod proxy;
-pub mod reaper;
-pub mod replay;
-pub mod response;
-pub mod schedule;
-pub mod server;
-pub mod signal;
-pub mod trace;
+pub(crate) mod config;
+pub(crate) mod envelope;
+pub(crate) mod http;
+pub(crate) mod install;
+pub(crate) mod invoke;
+pub(crate) mod observe;
+pub(crate) mod process;
+pub(crate) mod response;
+pub(crate) mod schedule;

@@ -41,16 +41,6 @@ impl Reply {
             body,
         }
     }
-
-    /// The first value of header `name`, if set.
-    pub fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
-    }
-
-    /// True when the handler set header `name`.
-    pub fn has_header(&self, name: &HeaderName) -> bool {
-        self.header(name).is_some()
-    }
 }
 
 /// What an exec-mode handler wrote on stdout: an envelope when it is a JSON object with a
@@ -197,6 +187,16 @@ fn status_code(v: &Value) -> Option<StatusCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Reply {
+        fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
+            self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+        }
+
+        fn has_header(&self, name: &HeaderName) -> bool {
+            self.header(name).is_some()
+        }
+    }
 
     fn ctype(r: &Reply) -> &str {
         r.header(&CONTENT_TYPE).unwrap().to_str().unwrap()

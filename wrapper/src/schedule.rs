@@ -13,31 +13,23 @@ use runr_tick::{ScheduleEvent, Target, TickResponse};
 
 use crate::config::{Config, Mode, Trigger};
 use crate::envelope::Request;
-use crate::invoke::Invoker;
-use crate::observe::Finished;
-use crate::replay::Failure;
-use crate::trace::{self, Span};
-use crate::{httpmode, observe, reaper};
+use crate::http::direct;
+use crate::invoke::{self, display_timeout, Invoker};
+use crate::observe::trace::{self, Span};
+use crate::observe::{self, Failure, Finished};
 
-/// Runs the configured mode's schedule one-shot; returns the exit status.
-pub async fn run(config: Config) -> u8 {
-    observe::install(&config.observe);
-    reaper::adopt_orphans();
-    if let Err(e) = reaper::ensure_started() {
-        tracing::error!(error = %e, "cannot install the SIGCHLD handler");
-        return 1;
+/// Runs the configured mode's schedule one-shot; returns the exit status. The observer and the
+/// reaper are the caller's ([`crate::commands`]).
+pub async fn run(config: &Config) -> u8 {
+    match config.mode {
+        Mode::Http => invoke_sequence(config).await,
+        Mode::Exec | Mode::Persistent => one_shot(config).await,
     }
-    let code = match config.mode {
-        Mode::Http => invoke_sequence(&config).await,
-        Mode::Exec | Mode::Persistent => one_shot(&config).await,
-    };
-    observe::flush(Duration::from_secs(2)).await;
-    code
 }
 
 /// http mode: start the server, tick it once, stop it.
 async fn invoke_sequence(config: &Config) -> u8 {
-    let mut server = match httpmode::spawn_server(&config.command, config.port, true) {
+    let mut server = match direct::spawn_server(&config.command, config.port, true) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(command = ?config.command, error = %e, "cannot start RUNR_COMMAND");
@@ -87,14 +79,14 @@ async fn invoke_sequence(config: &Config) -> u8 {
                     1
                 }
                 Err(_) => {
-                    tracing::error!(timeout = %crate::config::display_timeout(config.timeout), "the server did not answer the schedule event in time");
+                    tracing::error!(timeout = %display_timeout(config.timeout), "the server did not answer the schedule event in time");
                     observe_tick(&event, span, 504, Some(Failure::Timeout), started.elapsed());
                     1
                 }
             }
         }
     };
-    let exit = httpmode::stop(&mut server).await;
+    let exit = direct::stop(&mut server).await;
     tracing::debug!(status = exit.code(), "server stopped");
     code
 }
@@ -135,9 +127,9 @@ async fn one_shot(config: &Config) -> u8 {
     let event = ScheduleEvent::new();
     let mut req = schedule_request(&event);
     let started = Instant::now();
-    let span = observe::start(&mut req);
+    let span = invoke::start(&mut req);
     let outcome = invoker.invoke(&req).await;
-    observe::invocation(&req, &outcome, started.elapsed(), span);
+    invoke::finish(&req, &outcome, started.elapsed(), span);
     let response = TickResponse {
         status: outcome.reply.status.as_u16(),
         body: outcome.reply.body.clone(),

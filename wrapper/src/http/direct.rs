@@ -10,8 +10,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::config::{Config, Mode, Trigger};
+use crate::process::reaper::Exit;
 use crate::process::{self, Process};
-use crate::reaper::Exit;
 
 /// Exit status when the program cannot be executed, as shells report it.
 pub const EXIT_CANNOT_EXEC: u8 = 127;

@@ -9,6 +9,7 @@
 //! without a pool. Probes, CORS preflights and the SIGTERM drain are handled as in exec mode.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -28,12 +29,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::config::{display_timeout, Config};
-use crate::observe::{self, Finished, Observer};
-use crate::replay::Failure;
+use super::{direct, into_response, is_probe, preflight, serve_connections};
+use crate::config::Config;
+use crate::invoke::display_timeout;
+use crate::observe::trace::{self, Span};
+use crate::observe::{self, Failure, Finished, Observer};
 use crate::response::{self, Reply};
-use crate::trace::{self, Span};
-use crate::{httpmode, reaper, server, signal};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
@@ -64,23 +65,15 @@ struct Ctx {
     trigger: &'static str,
 }
 
-/// Runs the observed proxy until SIGTERM (then drains, stops the program, flushes spans) or
-/// until the program exits; returns the exit status.
-pub async fn main(config: Config) -> u8 {
-    observe::install(&config.observe);
+/// Runs the observed proxy until `shutdown` (then drains and stops the program) or until the
+/// program exits; returns the exit status. The observer, the reaper and the signal handlers are
+/// the caller's ([`crate::commands`]).
+pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
     let Some(observer) = observe::global() else {
         tracing::error!("the observed proxy needs RUNR_TRACING=1 or RUNR_REPLAY=1");
         return 1;
     };
-    reaper::adopt_orphans();
-    let shutdown = match reaper::ensure_started().and_then(|()| signal::shutdown()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install signal handlers");
-            return 1;
-        }
-    };
-    let listener = match TcpListener::bind(("0.0.0.0", config.port)).await {
+    let listener = match super::bind(config.port).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(port = config.port, error = %e, "cannot listen");
@@ -88,11 +81,11 @@ pub async fn main(config: Config) -> u8 {
         }
     };
     let upstream_port = config.observe.upstream_port;
-    let mut program = match httpmode::spawn_server(&config.command, upstream_port, false) {
+    let mut program = match direct::spawn_server(&config.command, upstream_port, false) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(command = ?config.command, error = %e, "cannot start RUNR_COMMAND");
-            return httpmode::EXIT_CANNOT_EXEC;
+            return direct::EXIT_CANNOT_EXEC;
         }
     };
     let upstream = Target::local(upstream_port);
@@ -118,9 +111,9 @@ pub async fn main(config: Config) -> u8 {
         timeout: config.timeout,
         trigger: config.trigger.as_str(),
     });
-    let code = tokio::select! {
+    tokio::select! {
         () = serve(listener, ctx, shutdown) => {
-            let exit = httpmode::stop(&mut program).await;
+            let exit = direct::stop(&mut program).await;
             tracing::info!(status = exit.code(), "program stopped");
             0
         }
@@ -128,9 +121,7 @@ pub async fn main(config: Config) -> u8 {
             tracing::error!(command = ?config.command, status = exit.code(), "the program exited: stopping");
             u8::try_from(exit.code()).ok().filter(|c| *c != 0).unwrap_or(1)
         }
-    };
-    observe::flush(Duration::from_secs(2)).await;
-    code
+    }
 }
 
 /// Flips `ready` once the program accepts connections; warns once if that takes longer than
@@ -154,12 +145,8 @@ async fn watch_upstream(upstream: Target, wait: Duration, ready: watch::Sender<b
 
 /// The shared accept loop and drain, with a service per client connection that owns that
 /// connection's own upstream connection (see the module docs).
-async fn serve(
-    listener: TcpListener,
-    ctx: Arc<Ctx>,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    server::serve_connections(listener, shutdown, || {
+async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>) {
+    serve_connections(listener, shutdown, || {
         let ctx = ctx.clone();
         let upstream: Arc<Mutex<Option<SendRequest<UpBody>>>> = Arc::default();
         service_fn(move |req| handle(ctx.clone(), upstream.clone(), req))
@@ -172,7 +159,7 @@ async fn handle(
     upstream: Arc<Mutex<Option<SendRequest<UpBody>>>>,
     req: hyper::Request<Incoming>,
 ) -> Result<hyper::Response<DownBody>, Infallible> {
-    if server::is_probe(&req) {
+    if is_probe(&req) {
         // Ready only once the program listens, so Knative does not route to a pod that would
         // make requests wait.
         let reply = if *ctx.ready.borrow() {
@@ -186,7 +173,7 @@ async fn handle(
         return Ok(wrapper_response(reply));
     }
     if req.method() == Method::OPTIONS {
-        return Ok(wrapper_response(server::preflight()));
+        return Ok(wrapper_response(preflight()));
     }
     let started = Instant::now();
     let cold_start = trace::take_cold_start();
@@ -353,7 +340,7 @@ fn user_agent_only(headers: &HeaderMap) -> HeaderMap {
 }
 
 fn wrapper_response(reply: Reply) -> hyper::Response<DownBody> {
-    server::into_response(reply).map(Either::Left)
+    into_response(reply).map(Either::Left)
 }
 
 // === request bookkeeping ===

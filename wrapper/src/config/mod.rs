@@ -2,9 +2,13 @@
 //! variable (name and value kept in the error) so a single restart shows every mistake. Read
 //! through [`runr_base::env`]: the grammar of durations, flags and ports is every binary's.
 
+pub(crate) mod observe;
+
 use std::time::Duration;
 
 use runr_base::env::{ConfigErrors, Env, VarDoc};
+
+use observe::ObserveConfig;
 
 /// Port the wrapper listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";
@@ -45,7 +49,7 @@ pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
 /// The variables of `serve`, for `version`/`help` (the observation ones follow in
-/// [`crate::observe::VARS`]).
+/// [`observe::VARS`]).
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_PORT, "8080", "port to listen on"),
     VarDoc::required(ENV_MODE, "exec | persistent | http"),
@@ -77,6 +81,17 @@ pub enum Mode {
     Persistent,
     /// The program serves HTTP on `$PORT` itself.
     Http,
+}
+
+impl Mode {
+    /// The name used in `RUNR_WRAPPER_MODE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exec => "exec",
+            Mode::Persistent => "persistent",
+            Mode::Http => "http",
+        }
+    }
 }
 
 /// What an exec-mode handler gets on stdin.
@@ -130,7 +145,7 @@ pub struct Config {
     /// `RUNR_LOG`.
     pub log_level: tracing::Level,
     /// Tracing, replay capture and the observed proxy's upstream port.
-    pub observe: crate::observe::ObserveConfig,
+    pub observe: ObserveConfig,
 }
 
 // === impl Config ===
@@ -162,7 +177,7 @@ impl Config {
             _ => Err("expected http, queue or schedule".into()),
         });
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
-        let observe = crate::observe::ObserveConfig::parse(&mut env, port);
+        let observe = ObserveConfig::parse(&mut env, port);
         let config = mode.zip(command).map(|(mode, command)| Config {
             port,
             mode,
@@ -190,16 +205,6 @@ pub fn parse_command(v: &str) -> Result<Vec<String>, String> {
     match argv.first() {
         Some(program) if !program.is_empty() => Ok(argv),
         _ => Err("the command is empty".into()),
-    }
-}
-
-/// A duration the way the 504 message shows it: whole seconds as `30s`, else `2.5s`.
-pub fn display_timeout(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        let s = format!("{:.3}", d.as_secs_f64());
-        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
     }
 }
 
@@ -352,15 +357,8 @@ mod tests {
     }
 
     #[test]
-    fn timeout_display() {
-        assert_eq!(display_timeout(Duration::from_secs(30)), "30s");
-        assert_eq!(display_timeout(Duration::from_millis(2500)), "2.5s");
-        assert_eq!(display_timeout(Duration::from_millis(250)), "0.25s");
-    }
-
-    #[test]
     fn every_variable_read_is_in_the_table() {
-        use crate::observe::{
+        use observe::{
             ENV_OTLP_ENDPOINT, ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_TRACES_TIMEOUT, ENV_REPLAY,
             ENV_TRACING,
         };
@@ -383,17 +381,13 @@ mod tests {
                 let _ = Config::from_lookup(get);
             }));
         }
-        for name in [
-            ENV_OTLP_TRACES_TIMEOUT,
-            crate::observe::ENV_SDK_DISABLED,
-            ENV_LOG,
-        ] {
+        for name in [ENV_OTLP_TRACES_TIMEOUT, observe::ENV_SDK_DISABLED, ENV_LOG] {
             assert!(read.iter().any(|r| r == name), "{name} read: {read:?}");
         }
         read.sort();
         read.dedup();
         assert_eq!(
-            runr_base::env::unlisted(&[VARS, crate::observe::VARS], &read),
+            runr_base::env::unlisted(&[VARS, observe::VARS], &read),
             Vec::<String>::new()
         );
     }

@@ -1,8 +1,11 @@
 //! Starting the user's processes: each in its own process group, with async pipes, owned by a
 //! [`Process`] guard that kills the whole group when dropped before the process was reaped (a
-//! cancelled request leaves no strays). Exit statuses come from [`crate::reaper`].
+//! cancelled request leaves no strays). Exit statuses come from [`reaper`], the one place that
+//! calls `waitpid`. The program's output lines go to our stderr through [`program_line`].
 
-use std::io;
+pub(crate) mod reaper;
+
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -13,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
-use crate::reaper::{self, Exit};
+use reaper::Exit;
 
 /// Longest stderr line forwarded as one log line; longer ones are split.
 const MAX_LOG_LINE: usize = 64 * 1024;
@@ -133,15 +136,28 @@ pub fn forward_lines(from: pipe::Receiver) {
             match read_line_capped(&mut reader, &mut line, MAX_LOG_LINE).await {
                 Ok(Line::Eof) => {
                     if !line.is_empty() {
-                        crate::logging::program_line(&line);
+                        program_line(&line);
                     }
                     return;
                 }
-                Ok(Line::Complete | Line::TooLong) => crate::logging::program_line(&line),
+                Ok(Line::Complete | Line::TooLong) => program_line(&line),
                 Err(_) => return,
             }
         }
     });
+}
+
+/// Writes one line of the user's program (stderr, or a non-JSON stdout line of a persistent
+/// worker) to our stderr as it is, as a single write so that concurrent handlers' lines do not
+/// interleave mid-line.
+pub fn program_line(line: &[u8]) {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line);
+    buf.push(b'\n');
+    // Nothing sensible is left to do when our own stderr is gone.
+    let _ = std::io::stderr().lock().write_all(&buf);
 }
 
 /// What [`read_line_capped`] found.

@@ -1,24 +1,13 @@
-//! What the wrapper observes about each invocation when tracing (`RUNR_TRACING=1`) or replay
-//! capture (`RUNR_REPLAY=1`) is on: the server span and access line ([`crate::trace`]), their
-//! OTLP export ([`crate::otlp`]) and the capture of failed invocations ([`crate::replay`]).
-//!
-//! One process-wide [`Observer`] (like OpenTelemetry's global tracer provider) so that every
-//! mode reaches it from the point where an invocation completes without threading it through
-//! each server's state.
+//! The observation part of the configuration: tracing, its OTLP export and sampler, replay
+//! capture, and the observed proxy's upstream port. Plain values here; what they turn on lives
+//! in [`crate::observe`].
 
-use std::sync::OnceLock;
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use http::HeaderMap;
 use runr_base::env::{Env, VarDoc};
 use runr_tick::config::{DEFAULT_TICK_WAIT, ENV_TICK_WAIT};
 use runr_tick::Target;
-
-use crate::envelope::Request;
-use crate::invoke::{Ended, Outcome};
-use crate::otlp::{Attr, Exporter, OtlpConfig, SpanData};
-use crate::replay::{Capture, Failure, ReplayConfig, ReplayWriter};
-use crate::trace::{self, Sampler, Span};
 
 /// `1`/`true`: a server span and access line per invocation; in http mode the observed proxy.
 pub const ENV_TRACING: &str = "RUNR_TRACING";
@@ -176,7 +165,7 @@ impl Default for ObserveConfig {
     fn default() -> Self {
         ObserveConfig {
             tracing: false,
-            sampler: Sampler::ParentBased(trace::Root::AlwaysOn),
+            sampler: Sampler::ParentBased(Root::AlwaysOn),
             otlp: None,
             replay: None,
             upstream_port: DEFAULT_UPSTREAM_PORT,
@@ -368,252 +357,96 @@ fn percent_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-// === impl Observer ===
+// === the values ===
 
-/// The process-wide observer: present only when tracing or replay is on.
-pub struct Observer {
-    sampler: Option<Sampler>,
-    exporter: Option<Exporter>,
-    replay: Option<ReplayWriter>,
+/// Where spans go, and how they are batched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtlpConfig {
+    /// The traces endpoint (`.../v1/traces`).
+    pub endpoint: Target,
+    /// `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_TRACES_HEADERS`.
+    pub headers: Vec<(String, String)>,
+    /// `OTEL_SERVICE_NAME`.
+    pub service_name: String,
+    /// Per-export time limit.
+    pub timeout: Duration,
+    /// Longest time a span waits for its batch.
+    pub schedule_delay: Duration,
+    /// Spans held at most; more are dropped.
+    pub max_queue: usize,
+    /// Spans per export request at most.
+    pub max_batch: usize,
 }
 
-static OBSERVER: OnceLock<Observer> = OnceLock::new();
-
-/// Sets up the observer for `config` (inside the tokio runtime: the exporter is a task). A no-op
-/// when nothing is observed, or when it is set up already.
-pub fn install(config: &ObserveConfig) {
-    if !config.observed() || OBSERVER.get().is_some() {
-        return;
-    }
-    let exporter = config.otlp.clone().map(|otlp| {
-        tracing::info!(endpoint = %otlp.endpoint, service = %otlp.service_name, "exporting spans over OTLP/HTTP");
-        Exporter::start(otlp)
-    });
-    let replay = config.replay.as_ref().map(|r| {
-        tracing::info!(file = %r.file.display(), max_body = r.max_body, max_bytes = r.max_bytes, "capturing failed invocations");
-        ReplayWriter::start(r)
-    });
-    let _ = OBSERVER.set(Observer {
-        sampler: config.tracing.then_some(config.sampler),
-        exporter,
-        replay,
-    });
+/// Where and how much to capture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayConfig {
+    /// `RUNR_REPLAY_FILE`.
+    pub file: PathBuf,
+    /// `RUNR_REPLAY_MAX_BODY`: request body bytes kept per capture.
+    pub max_body: usize,
+    /// `RUNR_REPLAY_MAX_BYTES`: the file is rotated (to `<file>.1`) before it grows past this.
+    pub max_bytes: u64,
 }
 
-/// The observer, when tracing or replay is on.
-pub fn global() -> Option<&'static Observer> {
-    OBSERVER.get()
+/// `OTEL_TRACES_SAMPLER`: which spans are recorded (exported, and `sampled=true` downstream).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampler {
+    /// Every span.
+    AlwaysOn,
+    /// No span.
+    AlwaysOff,
+    /// A fixed ratio of traces, decided on the trace id so every hop agrees.
+    TraceIdRatio(f64),
+    /// Follow the caller's decision; new traces use the inner sampler.
+    ParentBased(Root),
 }
 
-/// Exports the spans still queued, waiting at most `limit` (at shutdown).
-pub async fn flush(limit: Duration) {
-    if let Some(exporter) = global().and_then(|o| o.exporter.as_ref()) {
-        exporter.flush(limit).await;
-    }
+/// The sampler of a parent-based sampler for traces that start here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Root {
+    /// Sample every new trace.
+    AlwaysOn,
+    /// Sample no new trace.
+    AlwaysOff,
+    /// Sample this ratio of new traces.
+    Ratio(f64),
 }
 
-/// One completed invocation, as the observer needs it.
-#[derive(Debug)]
-pub struct Finished<'a> {
-    /// The server span, when tracing is on.
-    pub span: Option<Span>,
-    /// `http`, `queue` or `schedule`.
-    pub trigger: &'a str,
-    /// Request method.
-    pub method: &'a str,
-    /// Path without the query.
-    pub path: &'a str,
-    /// Raw query string.
-    pub query: &'a str,
-    /// Request headers (what the client sent).
-    pub headers: &'a HeaderMap,
-    /// The request body as far as it is kept.
-    pub body: &'a [u8],
-    /// The request body's full size.
-    pub body_size: u64,
-    /// The status answered.
-    pub status: u16,
-    /// Time from the request's arrival to its end.
-    pub took: Duration,
-    /// Set when the invocation failed.
-    pub failure: Option<Failure>,
-    /// First request of the process.
-    pub cold_start: bool,
-}
-
-impl Observer {
-    /// Starts the server span of a request with `headers` when tracing is on.
-    pub fn start_span(&self, headers: &HeaderMap, start: SystemTime) -> Option<Span> {
-        self.sampler
-            .as_ref()
-            .map(|s| Span::start(headers, s, start))
-    }
-
-    /// Request body bytes a capture keeps, when replay is on.
-    pub fn replay_max_body(&self) -> Option<usize> {
-        self.replay.as_ref().map(ReplayWriter::max_body)
-    }
-
-    /// Writes the access line, exports the span and captures a failure, as configured.
-    pub fn finish(&self, done: Finished<'_>) {
-        if let Some(span) = &done.span {
-            let line = trace::access_line(
-                span,
-                done.method,
-                done.path,
-                done.status,
-                done.took,
-                done.cold_start,
-            );
-            trace::write_access_line(&line);
-            if let (Some(exporter), true) = (&self.exporter, span.sampled) {
-                exporter.export(span_data(span, &done));
+impl Sampler {
+    /// Parses `OTEL_TRACES_SAMPLER` with its `OTEL_TRACES_SAMPLER_ARG` (the ratio, default 1.0).
+    pub fn parse(name: Option<&str>, arg: Option<&str>) -> Result<Sampler, (&'static str, String)> {
+        let ratio = || -> Result<f64, (&'static str, String)> {
+            match arg {
+                None => Ok(1.0),
+                Some(a) => match a.trim().parse::<f64>() {
+                    Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                    _ => Err((
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        "expected a ratio between 0 and 1".to_string(),
+                    )),
+                },
             }
-        }
-        if let (Some(replay), Some(failure)) = (&self.replay, done.failure) {
-            replay.capture(&Capture {
-                time: done
-                    .span
-                    .as_ref()
-                    .map_or_else(|| SystemTime::now() - done.took, |s| s.start),
-                trigger: done.trigger,
-                method: done.method,
-                path: done.path,
-                query: done.query,
-                headers: done.headers,
-                body: done.body,
-                body_size: done.body_size,
-                status: done.status,
-                duration: done.took,
-                trace_id: done.span.as_ref().map(Span::trace_id_hex),
-                failure,
-            });
-        }
+        };
+        Ok(
+            match name.map(str::trim).unwrap_or("parentbased_always_on") {
+                "always_on" => Sampler::AlwaysOn,
+                "always_off" => Sampler::AlwaysOff,
+                "traceidratio" => Sampler::TraceIdRatio(ratio()?),
+                "parentbased_always_on" => Sampler::ParentBased(Root::AlwaysOn),
+                "parentbased_always_off" => Sampler::ParentBased(Root::AlwaysOff),
+                "parentbased_traceidratio" => Sampler::ParentBased(Root::Ratio(ratio()?)),
+                _ => {
+                    return Err((
+                        "OTEL_TRACES_SAMPLER",
+                        "expected always_on, always_off, traceidratio, parentbased_always_on, \
+                     parentbased_always_off or parentbased_traceidratio"
+                            .to_string(),
+                    ))
+                }
+            },
+        )
     }
-}
-
-fn span_data(span: &Span, done: &Finished<'_>) -> SpanData {
-    let mut attributes = vec![
-        ("http.request.method", Attr::Str(done.method.to_string())),
-        ("url.path", Attr::Str(done.path.to_string())),
-        (
-            "http.response.status_code",
-            Attr::Int(i64::from(done.status)),
-        ),
-        (
-            "faas.trigger",
-            Attr::Str(faas_trigger(done.trigger).to_string()),
-        ),
-        ("faas.coldstart", Attr::Bool(done.cold_start)),
-    ];
-    if let Some(ua) = done
-        .headers
-        .get(http::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-    {
-        attributes.push(("user_agent.original", Attr::Str(ua.to_string())));
-    }
-    if let Some(f) = done.failure {
-        attributes.push(("error.type", Attr::Str(f.as_str().to_string())));
-    }
-    SpanData {
-        span: span.clone(),
-        name: done.method.to_string(),
-        end: span.start + done.took,
-        attributes,
-        error: done.failure.is_some(),
-    }
-}
-
-/// The `faas.trigger` semantic-convention value of a RunR trigger.
-fn faas_trigger(trigger: &str) -> &'static str {
-    match trigger {
-        "queue" => "pubsub",
-        "schedule" => "timer",
-        _ => "http",
-    }
-}
-
-/// How an exec/persistent invocation failed, if it did.
-pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
-    match outcome.ended {
-        Ended::TimedOut => Some(Failure::Timeout),
-        Ended::ExitStatus(_) | Ended::FailedToStart | Ended::WorkerExited => Some(Failure::Crash),
-        Ended::Answered | Ended::OutputTooLarge | Ended::Unavailable => {
-            (outcome.reply.status.as_u16() >= 500).then_some(Failure::Status)
-        }
-    }
-}
-
-/// The server span of an exec/persistent invocation, started before the handler runs.
-#[derive(Debug, Default)]
-pub struct Started {
-    span: Option<Span>,
-    /// Decided when the invocation starts, so that the first request in is the cold one.
-    cold_start: Option<bool>,
-    /// The client's own `traceparent`, which the handler's copy of the request no longer has.
-    client_traceparent: Option<http::HeaderValue>,
-}
-
-/// The hook of exec and persistent mode before the handler runs: with tracing on, starts the
-/// server span and gives the handler (envelope headers, `RUNR_HEADER_TRACEPARENT`) a
-/// `traceparent` whose parent is that span, as the observed proxy does for http mode.
-pub fn start(req: &mut Request) -> Started {
-    let Some(span) = global().and_then(|o| o.start_span(&req.headers, SystemTime::now())) else {
-        return Started::default();
-    };
-    let client_traceparent = req.headers.get(trace::TRACEPARENT).cloned();
-    if let Ok(v) = http::HeaderValue::from_str(&span.traceparent()) {
-        req.headers.insert(trace::TRACEPARENT, v);
-    }
-    Started {
-        span: Some(span),
-        cold_start: Some(trace::take_cold_start()),
-        client_traceparent,
-    }
-}
-
-/// The hook of exec and persistent mode, called where an invocation completed: access line,
-/// span and replay capture, as configured. `started` comes from [`start`].
-pub fn invocation(req: &Request, outcome: &Outcome, elapsed: Duration, started: Started) {
-    let Some(observer) = global() else {
-        return;
-    };
-    let failure = failure_of(outcome);
-    let mut span = started.span;
-    if let Some(s) = span.as_mut() {
-        // The span covers the whole invocation, from the request's arrival (`elapsed` counts
-        // the body read that came before the span was started).
-        s.start = SystemTime::now() - elapsed;
-    }
-    // A capture shows what the client sent, so its traceparent goes back in.
-    let client_headers;
-    let headers = match (&span, failure, observer.replay.is_some()) {
-        (Some(_), Some(_), true) => {
-            let mut h = req.headers.clone();
-            match &started.client_traceparent {
-                Some(tp) => h.insert(trace::TRACEPARENT, tp.clone()),
-                None => h.remove(trace::TRACEPARENT),
-            };
-            client_headers = h;
-            &client_headers
-        }
-        _ => &req.headers,
-    };
-    observer.finish(Finished {
-        span,
-        trigger: req.trigger.as_str(),
-        method: &req.method,
-        path: &req.path,
-        query: &req.raw_query,
-        headers,
-        body: &req.body,
-        body_size: req.body.len() as u64,
-        status: outcome.reply.status.as_u16(),
-        took: elapsed,
-        failure,
-        cold_start: started.cold_start.unwrap_or_else(trace::take_cold_start),
-    });
 }
 
 #[cfg(test)]
@@ -693,6 +526,20 @@ mod tests {
         assert_eq!(r.file.to_str(), Some("/tmp/runr-replay.jsonl"));
         assert_eq!(r.max_body, 4096);
         assert_eq!(r.max_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn sampler_names_and_ratios() {
+        assert_eq!(
+            Sampler::parse(None, None),
+            Ok(Sampler::ParentBased(Root::AlwaysOn))
+        );
+        assert_eq!(
+            Sampler::parse(Some("traceidratio"), Some("0.25")),
+            Ok(Sampler::TraceIdRatio(0.25))
+        );
+        assert!(Sampler::parse(Some("traceidratio"), Some("2")).is_err());
+        assert!(Sampler::parse(Some("jaeger_remote"), None).is_err());
     }
 
     #[test]

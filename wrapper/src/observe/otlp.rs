@@ -14,31 +14,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use runr_tick::Target;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::trace::Span;
-
-/// Where spans go, and how they are batched.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OtlpConfig {
-    /// The traces endpoint (`.../v1/traces`).
-    pub endpoint: Target,
-    /// `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_TRACES_HEADERS`.
-    pub headers: Vec<(String, String)>,
-    /// `OTEL_SERVICE_NAME`.
-    pub service_name: String,
-    /// Per-export time limit.
-    pub timeout: Duration,
-    /// Longest time a span waits for its batch.
-    pub schedule_delay: Duration,
-    /// Spans held at most; more are dropped.
-    pub max_queue: usize,
-    /// Spans per export request at most.
-    pub max_batch: usize,
-}
+use super::trace::Span;
+use crate::config::observe::OtlpConfig;
 
 /// A finished span, ready to export.
 #[derive(Debug, Clone)]

@@ -4,17 +4,17 @@
 //! Lines are written by one thread fed through a bounded channel: a slow or full disk delays
 //! captures, never requests, and a capture that cannot be written is a (rate-limited) warning.
 
+use base64::Engine;
+use http::HeaderMap;
+use serde_json::{json, Map, Value};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::time::{Duration, SystemTime};
 
-use base64::Engine;
-use http::HeaderMap;
-use serde_json::{json, Map, Value};
-
-use crate::otlp::WarnGate;
+use super::otlp::WarnGate;
+use super::record::{Failure, Finished};
+use crate::config::observe::ReplayConfig;
 
 /// Headers whose values never reach the capture file.
 pub const REDACTED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -23,98 +23,34 @@ pub const REDACTED: &str = "[redacted]";
 /// Captures waiting for the writer at most; more are dropped with a warning.
 const QUEUE: usize = 64;
 
-/// Where and how much to capture.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayConfig {
-    /// `RUNR_REPLAY_FILE`.
-    pub file: PathBuf,
-    /// `RUNR_REPLAY_MAX_BODY`: request body bytes kept per capture.
-    pub max_body: usize,
-    /// `RUNR_REPLAY_MAX_BYTES`: the file is rotated (to `<file>.1`) before it grows past this.
-    pub max_bytes: u64,
-}
-
-/// Why an invocation counts as failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// It was answered with a status of 500 or more.
-    Status,
-    /// It ran into the timeout.
-    Timeout,
-    /// The handler crashed: exited without an answer, failed to start, or the upstream
-    /// connection broke.
-    Crash,
-}
-
-impl Failure {
-    /// The name in the capture's `failure` field.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Failure::Status => "status",
-            Failure::Timeout => "timeout",
-            Failure::Crash => "crash",
-        }
+/// The capture of `done`, which failed with `failure`, as one JSON line (without the newline);
+/// the body is cut at `max_body`.
+pub fn to_json(done: &Finished<'_>, failure: Failure, max_body: usize) -> Vec<u8> {
+    let kept = &done.body[..done.body.len().min(max_body)];
+    let truncated = done.body_size > kept.len() as u64;
+    let (body, base64) = match std::str::from_utf8(kept) {
+        Ok(s) => (s.to_string(), false),
+        Err(_) => (base64::engine::general_purpose::STANDARD.encode(kept), true),
+    };
+    let mut doc = json!({
+        "time": runr_base::fmt::rfc3339_millis(done.arrived()),
+        "trigger": done.trigger,
+        "method": done.method,
+        "path": done.path,
+        "query": done.query,
+        "headers": redacted(done.headers),
+        "body": body,
+        "isBase64Encoded": base64,
+        "bodySize": done.body_size,
+        "bodyTruncated": truncated,
+        "status": done.status,
+        "durationMs": (done.took.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
+        "failure": failure.as_str(),
+    });
+    if let Some(span) = &done.span {
+        doc["traceId"] = Value::String(span.trace_id_hex());
     }
-}
-
-/// One failed invocation, borrowed from wherever the request lives.
-#[derive(Debug)]
-pub struct Capture<'a> {
-    /// When the request arrived.
-    pub time: SystemTime,
-    /// `http`, `queue` or `schedule`.
-    pub trigger: &'a str,
-    /// Request method.
-    pub method: &'a str,
-    /// Path without the query.
-    pub path: &'a str,
-    /// Raw query string, without `?`.
-    pub query: &'a str,
-    /// Request headers (redacted on the way out).
-    pub headers: &'a HeaderMap,
-    /// The request body as far as it was kept.
-    pub body: &'a [u8],
-    /// How many body bytes the request had (or had sent, when it broke off).
-    pub body_size: u64,
-    /// The status answered.
-    pub status: u16,
-    /// How long it took.
-    pub duration: Duration,
-    /// The trace id, when tracing is on.
-    pub trace_id: Option<String>,
-    /// What went wrong.
-    pub failure: Failure,
-}
-
-impl Capture<'_> {
-    /// The capture as one JSON line (without the newline); the body is cut at `max_body`.
-    pub fn to_json(&self, max_body: usize) -> Vec<u8> {
-        let kept = &self.body[..self.body.len().min(max_body)];
-        let truncated = self.body_size > kept.len() as u64;
-        let (body, base64) = match std::str::from_utf8(kept) {
-            Ok(s) => (s.to_string(), false),
-            Err(_) => (base64::engine::general_purpose::STANDARD.encode(kept), true),
-        };
-        let mut doc = json!({
-            "time": runr_base::fmt::rfc3339_millis(self.time),
-            "trigger": self.trigger,
-            "method": self.method,
-            "path": self.path,
-            "query": self.query,
-            "headers": redacted(self.headers),
-            "body": body,
-            "isBase64Encoded": base64,
-            "bodySize": self.body_size,
-            "bodyTruncated": truncated,
-            "status": self.status,
-            "durationMs": (self.duration.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
-            "failure": self.failure.as_str(),
-        });
-        if let Some(id) = &self.trace_id {
-            doc["traceId"] = Value::String(id.clone());
-        }
-        serde_json::to_vec(&doc).unwrap_or_default()
-    }
+    serde_json::to_vec(&doc).unwrap_or_default()
 }
 
 /// Headers as an object of strings (repeated ones joined with `, `), secrets replaced.
@@ -170,9 +106,9 @@ impl ReplayWriter {
         }
     }
 
-    /// Queues `capture` for writing; never blocks.
-    pub fn capture(&self, capture: &Capture<'_>) {
-        let mut line = capture.to_json(self.max_body);
+    /// Queues the capture of `done`, which failed with `failure`, for writing; never blocks.
+    pub fn capture(&self, done: &Finished<'_>, failure: Failure) {
+        let mut line = to_json(done, failure, self.max_body);
         line.push(b'\n');
         match self.tx.try_send(line) {
             Ok(()) => {}
@@ -255,10 +191,17 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, SystemTime};
 
-    fn capture<'a>(headers: &'a HeaderMap, body: &'a [u8], size: u64) -> Capture<'a> {
-        Capture {
-            time: SystemTime::UNIX_EPOCH,
+    fn capture<'a>(headers: &'a HeaderMap, body: &'a [u8], size: u64) -> Finished<'a> {
+        Finished {
+            span: Some(crate::observe::trace::Span {
+                trace_id: [0xab; 16],
+                span_id: [1; 8],
+                parent_span_id: None,
+                sampled: true,
+                start: SystemTime::UNIX_EPOCH,
+            }),
             trigger: "http",
             method: "POST",
             path: "/orders",
@@ -267,10 +210,14 @@ mod tests {
             body,
             body_size: size,
             status: 500,
-            duration: Duration::from_micros(1500),
-            trace_id: Some("ab".repeat(16)),
-            failure: Failure::Status,
+            took: Duration::from_micros(1500),
+            failure: Some(Failure::Status),
+            cold_start: false,
         }
+    }
+
+    fn json(done: &Finished<'_>, max_body: usize) -> Vec<u8> {
+        to_json(done, Failure::Status, max_body)
     }
 
     #[test]
@@ -281,7 +228,7 @@ mod tests {
         h.insert("proxy-authorization", "Basic secret".parse().unwrap());
         h.append("x-tag", "a".parse().unwrap());
         h.append("x-tag", "b".parse().unwrap());
-        let line = capture(&h, b"0123456789", 10).to_json(4);
+        let line = json(&capture(&h, b"0123456789", 10), 4);
         let text = String::from_utf8(line.clone()).unwrap();
         assert!(!text.contains("secret"), "{text}");
         let v: Value = serde_json::from_slice(&line).unwrap();
@@ -293,10 +240,10 @@ mod tests {
         assert_eq!(v["durationMs"], 1.5);
         assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
         assert_eq!(v["traceId"], "ab".repeat(16));
-        let whole: Value = serde_json::from_slice(&capture(&h, b"0123", 4).to_json(4)).unwrap();
+        let whole: Value = serde_json::from_slice(&json(&capture(&h, b"0123", 4), 4)).unwrap();
         assert_eq!(whole["bodyTruncated"], false);
         let binary: Value =
-            serde_json::from_slice(&capture(&h, &[0xff, 0xfe], 2).to_json(4)).unwrap();
+            serde_json::from_slice(&json(&capture(&h, &[0xff, 0xfe], 2), 4)).unwrap();
         assert_eq!(binary["isBase64Encoded"], true);
         assert_eq!(binary["body"], "//4=");
     }

@@ -13,22 +13,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
+use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::Request;
-use crate::invoke::{Ended, Outcome, MAX_OUTPUT};
+use crate::process::reaper::Exit;
 use crate::process::{self, Process};
-use crate::reaper::Exit;
 use crate::response;
-
-/// Where code-mounted functions find their files; the handler's cwd when it exists.
-pub const CODE_DIR: &str = "/app/code";
 
 /// Starts the handler once per invocation.
 #[derive(Debug, Clone)]
 pub struct Exec {
     /// `command[0]`, resolved on PATH once.
     program: String,
-    /// argv as configured (argv[0] stays as the user wrote it).
+    /// argv as configured (`argv[0]` stays as the user wrote it).
     command: Vec<String>,
     cwd: Option<PathBuf>,
     input: Input,
@@ -114,12 +111,6 @@ fn resolve(program: &str) -> Option<String> {
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
         .and_then(|p| p.into_os_string().into_string().ok())
-}
-
-/// `/app/code` when it is a directory: the cwd of every handler process.
-pub(crate) fn code_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(CODE_DIR);
-    dir.is_dir().then_some(dir)
 }
 
 /// Exit status and stdout → answer: exit 0 answers stdout; non-zero answers a response

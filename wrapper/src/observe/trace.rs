@@ -8,83 +8,25 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
+use crate::config::observe::{Root, Sampler};
+
 /// The W3C header carrying the trace context.
 pub const TRACEPARENT: &str = "traceparent";
 
-/// `OTEL_TRACES_SAMPLER`: which spans are recorded (exported, and `sampled=true` downstream).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sampler {
-    /// Every span.
-    AlwaysOn,
-    /// No span.
-    AlwaysOff,
-    /// A fixed ratio of traces, decided on the trace id so every hop agrees.
-    TraceIdRatio(f64),
-    /// Follow the caller's decision; new traces use the inner sampler.
-    ParentBased(Root),
-}
-
-/// The sampler of a parent-based sampler for traces that start here.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Root {
-    /// Sample every new trace.
-    AlwaysOn,
-    /// Sample no new trace.
-    AlwaysOff,
-    /// Sample this ratio of new traces.
-    Ratio(f64),
-}
-
-impl Sampler {
-    /// Parses `OTEL_TRACES_SAMPLER` with its `OTEL_TRACES_SAMPLER_ARG` (the ratio, default 1.0).
-    pub fn parse(name: Option<&str>, arg: Option<&str>) -> Result<Sampler, (&'static str, String)> {
-        let ratio = || -> Result<f64, (&'static str, String)> {
-            match arg {
-                None => Ok(1.0),
-                Some(a) => match a.trim().parse::<f64>() {
-                    Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
-                    _ => Err((
-                        "OTEL_TRACES_SAMPLER_ARG",
-                        "expected a ratio between 0 and 1".to_string(),
-                    )),
-                },
-            }
-        };
-        Ok(
-            match name.map(str::trim).unwrap_or("parentbased_always_on") {
-                "always_on" => Sampler::AlwaysOn,
-                "always_off" => Sampler::AlwaysOff,
-                "traceidratio" => Sampler::TraceIdRatio(ratio()?),
-                "parentbased_always_on" => Sampler::ParentBased(Root::AlwaysOn),
-                "parentbased_always_off" => Sampler::ParentBased(Root::AlwaysOff),
-                "parentbased_traceidratio" => Sampler::ParentBased(Root::Ratio(ratio()?)),
-                _ => {
-                    return Err((
-                        "OTEL_TRACES_SAMPLER",
-                        "expected always_on, always_off, traceidratio, parentbased_always_on, \
-                     parentbased_always_off or parentbased_traceidratio"
-                            .to_string(),
-                    ))
-                }
+/// Whether `sampler` samples a span of trace `trace_id` with caller `parent`.
+pub fn sampled(sampler: &Sampler, trace_id: &[u8; 16], parent: Option<&Parent>) -> bool {
+    match *sampler {
+        Sampler::AlwaysOn => true,
+        Sampler::AlwaysOff => false,
+        Sampler::TraceIdRatio(r) => ratio_hit(trace_id, r),
+        Sampler::ParentBased(root) => match parent {
+            Some(p) => p.sampled,
+            None => match root {
+                Root::AlwaysOn => true,
+                Root::AlwaysOff => false,
+                Root::Ratio(r) => ratio_hit(trace_id, r),
             },
-        )
-    }
-
-    /// Whether a span of trace `trace_id` with caller `parent` is sampled.
-    pub fn sample(&self, trace_id: &[u8; 16], parent: Option<&Parent>) -> bool {
-        match *self {
-            Sampler::AlwaysOn => true,
-            Sampler::AlwaysOff => false,
-            Sampler::TraceIdRatio(r) => ratio_hit(trace_id, r),
-            Sampler::ParentBased(root) => match parent {
-                Some(p) => p.sampled,
-                None => match root {
-                    Root::AlwaysOn => true,
-                    Root::AlwaysOff => false,
-                    Root::Ratio(r) => ratio_hit(trace_id, r),
-                },
-            },
-        }
+        },
     }
 }
 
@@ -198,7 +140,7 @@ impl Span {
             trace_id,
             span_id,
             parent_span_id: parent.map(|p| p.span_id),
-            sampled: sampler.sample(&trace_id, parent.as_ref()),
+            sampled: sampled(sampler, &trace_id, parent.as_ref()),
             start,
         }
     }
@@ -237,7 +179,7 @@ pub fn access_line(
 ) -> String {
     format!(
         "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
-        crate::logging::PREFIX,
+        super::PREFIX,
         runr_base::fmt::hex(&span.trace_id),
         runr_base::fmt::hex(&span.span_id),
         span.sampled,
@@ -323,27 +265,28 @@ mod tests {
 
     #[test]
     fn samplers() {
-        assert_eq!(
-            Sampler::parse(None, None),
-            Ok(Sampler::ParentBased(Root::AlwaysOn))
-        );
-        assert_eq!(
-            Sampler::parse(Some("traceidratio"), Some("0.25")),
-            Ok(Sampler::TraceIdRatio(0.25))
-        );
-        assert!(Sampler::parse(Some("traceidratio"), Some("2")).is_err());
-        assert!(Sampler::parse(Some("jaeger_remote"), None).is_err());
         let never = Sampler::TraceIdRatio(0.0);
         let always = Sampler::TraceIdRatio(1.0);
         let half = Sampler::TraceIdRatio(0.5);
         let low = [0u8; 16];
         let mut high = [0xffu8; 16];
-        assert!(!never.sample(&high, None));
-        assert!(always.sample(&low, None));
-        assert!(half.sample(&low, None));
-        assert!(!half.sample(&high, None));
+        assert!(!sampled(&never, &high, None));
+        assert!(sampled(&always, &low, None));
+        assert!(sampled(&half, &low, None));
+        assert!(!sampled(&half, &high, None));
         high[8] = 0x70;
-        assert!(half.sample(&high, None));
+        assert!(sampled(&half, &high, None));
+        let parent = Parent {
+            trace_id: high,
+            span_id: [1; 8],
+            sampled: false,
+        };
+        let follow = Sampler::ParentBased(Root::AlwaysOn);
+        assert!(
+            !sampled(&follow, &high, Some(&parent)),
+            "the caller decides"
+        );
+        assert!(sampled(&follow, &high, None));
     }
 
     #[test]

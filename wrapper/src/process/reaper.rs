@@ -6,7 +6,7 @@
 //! `tokio::process` steals the exit statuses tokio waits for (both wait, only one gets the
 //! status). So the wrapper owns all spawning and all reaping itself:
 //!
-//! - every process is started by [`crate::process::spawn`], which registers its pid in
+//! - every process is started by [`super::spawn`], which registers its pid in
 //!   [`Table`] while holding the table's lock across `fork/exec` (so a child that exits at once
 //!   cannot be reaped before it is registered, and std's own `waitpid(pid)` on a failed exec
 //!   cannot race with us);
@@ -15,7 +15,7 @@
 //!   statuses of pids nobody registered are orphans and are simply dropped.
 //!
 //! Consequence for the rest of the crate: never use `tokio::process` or `std::process::Child::wait`
-//! here; spawn with [`crate::process::spawn`] and wait with [`crate::process::Process::wait`].
+//! here; spawn with [`super::spawn`] and wait with [`super::Process::wait`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -17,10 +17,10 @@ use tokio::sync::{mpsc, oneshot, watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::Config;
 use crate::envelope::Request;
-use crate::invoke::{Ended, Outcome, MAX_OUTPUT};
-use crate::process::{self, Line, Process};
+use crate::process::{self, program_line, Line, Process};
 use crate::response;
 
 /// Restart delay after a worker that served a request or ran long enough.
@@ -63,7 +63,7 @@ impl Pool {
         let (stop_tx, stop_rx) = watch::channel(false);
         let spec = Arc::new(Spec {
             command: config.command.clone(),
-            cwd: crate::exec::code_dir(),
+            cwd: code_dir(),
             queue: Mutex::new(rx),
             stop: stop_rx,
         });
@@ -253,7 +253,7 @@ async fn serve(
                     // No request is in flight, so this line answers nothing, even if it is JSON;
                     // left in the pipe it would be taken as the next request's answer.
                     Ok(Line::Complete) => {
-                        crate::logging::program_line(&worker.line);
+                        program_line(&worker.line);
                         worker.line.clear();
                     }
                     Ok(Line::TooLong) => {
@@ -269,7 +269,7 @@ async fn serve(
                     // The worker is exiting; the wait branch sees it end.
                     Err(_) | Ok(Line::Eof) => {
                         if !worker.line.is_empty() {
-                            crate::logging::program_line(&worker.line);
+                            program_line(&worker.line);
                             worker.line.clear();
                         }
                         worker.stdout_open = false;
@@ -352,7 +352,7 @@ async fn exchange(worker: &mut Worker, line: &[u8]) -> Exchange {
                         return Exchange::Answer(outcome);
                     }
                     // A stray print, or the end of a line begun while idle: logs, not protocol.
-                    _ => crate::logging::program_line(&worker.line),
+                    _ => program_line(&worker.line),
                 }
                 worker.line.clear();
                 idle_tail = false;

@@ -1,0 +1,249 @@
+//! The mode-agnostic way to run one invocation: [`Invoker::invoke`] takes a parsed
+//! [`Request`] and gives an [`Outcome`] — the HTTP answer plus what happened to the handler.
+//! The HTTP server and the schedule one-shot go through it, and through the observation hook
+//! around it ([`start`], [`finish`]) that feeds tracing and replay.
+
+pub(crate) mod exec;
+pub(crate) mod pool;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+
+use crate::config::{Config, Mode};
+use crate::envelope::Request;
+use crate::observe::trace::{self, Span};
+use crate::observe::{self, Failure, Finished};
+use crate::response::Reply;
+use exec::Exec;
+use pool::Pool;
+
+/// Where code-mounted functions find their files; the handler's cwd when it exists.
+pub const CODE_DIR: &str = "/app/code";
+
+/// Largest handler output (exec stdout, or one persistent response line) we answer with.
+pub const MAX_OUTPUT: usize = 10 * 1024 * 1024;
+
+/// What happened to the handler during one invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The handler answered (whatever status it chose).
+    Answered,
+    /// Exec mode: it exited non-zero without a response envelope; the status (128 + signal for
+    /// a signal).
+    ExitStatus(i32),
+    /// The command could not be started.
+    FailedToStart,
+    /// It ran into the timeout (waiting for a worker included) and was killed.
+    TimedOut,
+    /// Persistent mode: the worker exited while handling the request.
+    WorkerExited,
+    /// It wrote more than [`MAX_OUTPUT`].
+    OutputTooLarge,
+    /// No worker can take requests any more (shutting down).
+    Unavailable,
+}
+
+/// One invocation's result.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The HTTP answer.
+    pub reply: Reply,
+    /// What happened.
+    pub ended: Ended,
+}
+
+impl Outcome {
+    /// The handler answered with `reply`.
+    pub fn answered(reply: Reply) -> Outcome {
+        Outcome {
+            reply,
+            ended: Ended::Answered,
+        }
+    }
+
+    /// A wrapper-made `{"error": ...}` answer.
+    pub fn failed(ended: Ended, status: StatusCode, message: &str) -> Outcome {
+        Outcome {
+            reply: Reply::error(status, message),
+            ended,
+        }
+    }
+
+    /// 504 `handler timed out after Ns`.
+    pub fn timed_out(timeout: Duration) -> Outcome {
+        Outcome::failed(
+            Ended::TimedOut,
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("handler timed out after {}", display_timeout(timeout)),
+        )
+    }
+
+    /// 502 for output above [`MAX_OUTPUT`].
+    pub fn output_too_large() -> Outcome {
+        Outcome::failed(
+            Ended::OutputTooLarge,
+            StatusCode::BAD_GATEWAY,
+            "handler output exceeds 10 MiB",
+        )
+    }
+
+    /// 500 `handler failed to start`.
+    pub fn failed_to_start() -> Outcome {
+        Outcome::failed(
+            Ended::FailedToStart,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "handler failed to start",
+        )
+    }
+}
+
+/// Runs invocations in the configured mode.
+pub enum Invoker {
+    /// One process per invocation.
+    Exec(Exec),
+    /// Long-lived workers.
+    Pool(Pool),
+}
+
+impl Invoker {
+    /// The invoker for `config`'s mode; `None` for http mode, where the program serves HTTP
+    /// itself. Persistent workers are started here (inside the runtime).
+    pub fn new(config: &Config) -> Option<Invoker> {
+        match config.mode {
+            Mode::Exec => Some(Invoker::Exec(Exec::new(config))),
+            Mode::Persistent => Some(Invoker::Pool(Pool::start(config))),
+            Mode::Http => None,
+        }
+    }
+
+    /// Runs one invocation to its end; never fails: every failure is an answer.
+    pub async fn invoke(&self, req: &Request) -> Outcome {
+        match self {
+            Invoker::Exec(exec) => exec.invoke(req).await,
+            Invoker::Pool(pool) => pool.invoke(req).await,
+        }
+    }
+
+    /// Stops long-lived processes (SIGTERM, SIGKILL after 5 s); a no-op in exec mode, whose
+    /// processes live only as long as their requests.
+    pub async fn shutdown(&self) {
+        if let Invoker::Pool(pool) = self {
+            pool.shutdown().await;
+        }
+    }
+}
+
+/// `/app/code` when it is a directory: the cwd of every handler process.
+pub fn code_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(CODE_DIR);
+    dir.is_dir().then_some(dir)
+}
+
+/// A duration the way the 504 message shows it: whole seconds as `30s`, else `2.5s`.
+pub fn display_timeout(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        let s = format!("{:.3}", d.as_secs_f64());
+        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+    }
+}
+
+// === the observation hook ===
+
+/// How an exec/persistent invocation failed, if it did.
+pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
+    match outcome.ended {
+        Ended::TimedOut => Some(Failure::Timeout),
+        Ended::ExitStatus(_) | Ended::FailedToStart | Ended::WorkerExited => Some(Failure::Crash),
+        Ended::Answered | Ended::OutputTooLarge | Ended::Unavailable => {
+            (outcome.reply.status.as_u16() >= 500).then_some(Failure::Status)
+        }
+    }
+}
+
+/// The server span of an exec/persistent invocation, started before the handler runs.
+#[derive(Debug, Default)]
+pub struct Started {
+    span: Option<Span>,
+    /// Decided when the invocation starts, so that the first request in is the cold one.
+    cold_start: Option<bool>,
+    /// The client's own `traceparent`, which the handler's copy of the request no longer has.
+    client_traceparent: Option<http::HeaderValue>,
+}
+
+/// The hook of exec and persistent mode before the handler runs: with tracing on, starts the
+/// server span and gives the handler (envelope headers, `RUNR_HEADER_TRACEPARENT`) a
+/// `traceparent` whose parent is that span, as the observed proxy does for http mode.
+pub fn start(req: &mut Request) -> Started {
+    let Some(span) = observe::global().and_then(|o| o.start_span(&req.headers, SystemTime::now()))
+    else {
+        return Started::default();
+    };
+    let client_traceparent = req.headers.get(trace::TRACEPARENT).cloned();
+    if let Ok(v) = http::HeaderValue::from_str(&span.traceparent()) {
+        req.headers.insert(trace::TRACEPARENT, v);
+    }
+    Started {
+        span: Some(span),
+        cold_start: Some(trace::take_cold_start()),
+        client_traceparent,
+    }
+}
+
+/// The hook of exec and persistent mode, called where an invocation completed: access line,
+/// span and replay capture, as configured. `started` comes from [`start`].
+pub fn finish(req: &Request, outcome: &Outcome, elapsed: Duration, started: Started) {
+    let Some(observer) = observe::global() else {
+        return;
+    };
+    let failure = failure_of(outcome);
+    let mut span = started.span;
+    if let Some(s) = span.as_mut() {
+        // The span covers the whole invocation, from the request's arrival (`elapsed` counts
+        // the body read that came before the span was started).
+        s.start = SystemTime::now() - elapsed;
+    }
+    // A capture shows what the client sent, so its traceparent goes back in.
+    let client_headers;
+    let headers = match (&span, failure, observer.replay_max_body().is_some()) {
+        (Some(_), Some(_), true) => {
+            let mut h = req.headers.clone();
+            match &started.client_traceparent {
+                Some(tp) => h.insert(trace::TRACEPARENT, tp.clone()),
+                None => h.remove(trace::TRACEPARENT),
+            };
+            client_headers = h;
+            &client_headers
+        }
+        _ => &req.headers,
+    };
+    observer.finish(Finished {
+        span,
+        trigger: req.trigger.as_str(),
+        method: &req.method,
+        path: &req.path,
+        query: &req.raw_query,
+        headers,
+        body: &req.body,
+        body_size: req.body.len() as u64,
+        status: outcome.reply.status.as_u16(),
+        took: elapsed,
+        failure,
+        cold_start: started.cold_start.unwrap_or_else(trace::take_cold_start),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_display() {
+        assert_eq!(display_timeout(Duration::from_secs(30)), "30s");
+        assert_eq!(display_timeout(Duration::from_millis(2500)), "2.5s");
+        assert_eq!(display_timeout(Duration::from_millis(250)), "0.25s");
+    }
+}

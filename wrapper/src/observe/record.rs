@@ -1,0 +1,70 @@
+//! The record of a finished invocation that every observer reads.
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+
+use super::trace::Span;
+
+/// One finished invocation, whatever mode ran it: what the client sent (as far as it is kept),
+/// what it was answered, how long it took and whether it failed. The access line, the exported
+/// span and the replay capture are all written from it.
+#[derive(Debug)]
+pub struct Finished<'a> {
+    /// The server span, when tracing is on.
+    pub span: Option<Span>,
+    /// `http`, `queue` or `schedule`.
+    pub trigger: &'a str,
+    /// Request method.
+    pub method: &'a str,
+    /// Path without the query.
+    pub path: &'a str,
+    /// Raw query string.
+    pub query: &'a str,
+    /// Request headers (what the client sent).
+    pub headers: &'a HeaderMap,
+    /// The request body as far as it is kept.
+    pub body: &'a [u8],
+    /// The request body's full size.
+    pub body_size: u64,
+    /// The status answered.
+    pub status: u16,
+    /// Time from the request's arrival to its end.
+    pub took: Duration,
+    /// Set when the invocation failed.
+    pub failure: Option<Failure>,
+    /// First request of the process.
+    pub cold_start: bool,
+}
+
+impl Finished<'_> {
+    /// When the request arrived: the span's start, else now minus the time it took.
+    pub fn arrived(&self) -> SystemTime {
+        self.span
+            .as_ref()
+            .map_or_else(|| SystemTime::now() - self.took, |s| s.start)
+    }
+}
+
+/// Why an invocation counts as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// It was answered with a status of 500 or more.
+    Status,
+    /// It ran into the timeout.
+    Timeout,
+    /// The handler crashed: exited without an answer, failed to start, or the upstream
+    /// connection broke.
+    Crash,
+}
+
+impl Failure {
+    /// The name in the capture's `failure` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Status => "status",
+            Failure::Timeout => "timeout",
+            Failure::Crash => "crash",
+        }
+    }
+}
