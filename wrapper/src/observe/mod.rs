@@ -71,11 +71,22 @@ pub fn global() -> Option<&'static Observer> {
     OBSERVER.get()
 }
 
-/// Exports the spans still queued, waiting at most `limit` (at shutdown).
+/// Exports the spans and writes the captures still queued, waiting at most `limit` (at exit).
 pub async fn flush(limit: Duration) {
-    if let Some(exporter) = global().and_then(|o| o.exporter.as_ref()) {
-        exporter.flush(limit).await;
-    }
+    let Some(observer) = global() else {
+        return;
+    };
+    let spans = async {
+        if let Some(exporter) = &observer.exporter {
+            exporter.flush(limit).await;
+        }
+    };
+    let captures = async {
+        if let Some(replay) = &observer.replay {
+            replay.flush(limit).await;
+        }
+    };
+    tokio::join!(spans, captures);
 }
 
 impl Observer {

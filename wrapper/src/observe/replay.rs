@@ -3,14 +3,20 @@
 //!
 //! Lines are written by one thread fed through a bounded channel: a slow or full disk delays
 //! captures, never requests, and a capture that cannot be written is a (rate-limited) warning.
+//! Before the wrapper exits, [`ReplayWriter::flush`] waits for the lines still queued (a
+//! schedule one-shot ends right after its capture).
 
-use base64::Engine;
-use http::HeaderMap;
-use serde_json::{json, Map, Value};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::time::Duration;
+
+use base64::Engine;
+use http::HeaderMap;
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::otlp::WarnGate;
 use super::record::{Failure, Finished};
@@ -72,10 +78,19 @@ fn redacted(headers: &HeaderMap) -> Value {
     Value::Object(map)
 }
 
+/// What the writer thread gets.
+#[derive(Debug)]
+enum Msg {
+    /// A capture line, newline included.
+    Line(Vec<u8>),
+    /// Answered once every line queued before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
 /// Sends captures to the writer thread.
 #[derive(Debug, Clone)]
 pub struct ReplayWriter {
-    tx: SyncSender<Vec<u8>>,
+    tx: SyncSender<Msg>,
     max_body: usize,
 }
 
@@ -84,12 +99,19 @@ static WRITE_FAILED: WarnGate = WarnGate::new();
 impl ReplayWriter {
     /// Starts the writer thread for `config.file`.
     pub fn start(config: &ReplayConfig) -> ReplayWriter {
-        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
+        let (tx, rx) = sync_channel::<Msg>(QUEUE);
         let mut file = RotatingFile::new(config.file.clone(), config.max_bytes);
         let spawned = std::thread::Builder::new()
             .name("replay-writer".into())
             .spawn(move || {
-                for line in rx {
+                for msg in rx {
+                    let line = match msg {
+                        Msg::Line(line) => line,
+                        Msg::Flush(done) => {
+                            let _ = done.send(());
+                            continue;
+                        }
+                    };
                     if let Err(e) = file.append(&line) {
                         if let Some(n) = WRITE_FAILED.pass() {
                             tracing::warn!(file = %file.path.display(), error = %e, suppressed_since_last_warning = n, "cannot write replay capture");
@@ -110,7 +132,7 @@ impl ReplayWriter {
     pub fn capture(&self, done: &Finished<'_>, failure: Failure) {
         let mut line = to_json(done, failure, self.max_body);
         line.push(b'\n');
-        match self.tx.try_send(line) {
+        match self.tx.try_send(Msg::Line(line)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 if let Some(n) = WRITE_FAILED.pass() {
@@ -126,6 +148,25 @@ impl ReplayWriter {
     /// The body bytes worth keeping for a capture.
     pub fn max_body(&self) -> usize {
         self.max_body
+    }
+
+    /// Waits until every capture queued so far is written, at most `limit` (at exit).
+    pub async fn flush(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let (done, written) = oneshot::channel();
+        let mut msg = Msg::Flush(done);
+        // The queue is full while the disk is slow: retry rather than block the runtime.
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                    msg = m;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, written).await;
     }
 }
 
@@ -191,7 +232,7 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, SystemTime};
+    use std::time::SystemTime;
 
     fn capture<'a>(headers: &'a HeaderMap, body: &'a [u8], size: u64) -> Finished<'a> {
         Finished {
@@ -246,6 +287,27 @@ mod tests {
             serde_json::from_slice(&json(&capture(&h, &[0xff, 0xfe], 2), 4)).unwrap();
         assert_eq!(binary["isBase64Encoded"], true);
         assert_eq!(binary["body"], "//4=");
+    }
+
+    #[tokio::test]
+    async fn flush_returns_once_every_queued_capture_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replay.jsonl");
+        let writer = ReplayWriter::start(&ReplayConfig {
+            file: file.clone(),
+            max_body: 4,
+            max_bytes: 64 << 20,
+        });
+        let h = HeaderMap::new();
+        // The whole queue: the process may exit right after the last one.
+        for _ in 0..QUEUE {
+            writer.capture(&capture(&h, b"0123", 4), Failure::Status);
+        }
+        writer.flush(Duration::from_secs(30)).await;
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text.lines().count(), QUEUE, "{text}");
+        // Nothing queued: returns at once.
+        writer.flush(Duration::from_secs(30)).await;
     }
 
     #[test]
