@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use runr_testkit::wait_for;
 
-use crate::support::{alive, env, fixtures, Conn, Wrapper};
+use crate::support::{alive, env, fixtures, Conn, RespExt, Wrapper};
 
 fn with(mut vars: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));

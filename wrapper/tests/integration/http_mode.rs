@@ -10,7 +10,7 @@ use runr_testkit::{free_port, wait_for_port, Child};
 use crate::observed_support::{
     ce_receiver_script, run, spawn, upstream_command, upstream_script, Run,
 };
-use crate::support::{alive, fixtures, Conn};
+use crate::support::{alive, fixtures, Body, Conn, RespExt};
 
 fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -39,7 +39,9 @@ fn http_mode_replaces_itself_keeping_the_pid() {
     let port = free_port();
     let child = spawn(&[], &http_vars(port, upstream_command()));
     wait_for_port(local(port), Duration::from_secs(20));
-    let answer = Conn::open(local(port)).send("GET", "/pid", &[], b"").json();
+    let answer = Conn::open(local(port))
+        .send("GET", "/pid", &[], Body::None)
+        .json();
     assert_eq!(
         answer["pid"],
         child.pid(),
@@ -68,7 +70,8 @@ fn http_mode_replaces_itself_with_a_binary_server() {
     wait_for_port(local(port), Duration::from_secs(20));
     let exe = std::fs::read_link(format!("/proc/{}/exe", child.pid())).unwrap();
     assert!(exe.ends_with("busybox"), "{}", exe.display());
-    let r = Conn::open(local(port)).send("GET", "/index.html", &[("Connection", "close")], b"");
+    let r =
+        Conn::open(local(port)).send("GET", "/index.html", &[("Connection", "close")], Body::None);
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "hello from busybox");
 }

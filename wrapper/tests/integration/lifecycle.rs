@@ -6,7 +6,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use runr_testkit::wait_for;
 
-use crate::support::{alive, bin, children_of, env, fixtures, load, Wrapper};
+use crate::support::{alive, bin, children_of, env, fixtures, load, Body, RespExt, Wrapper};
 
 #[test]
 fn bad_configuration_exits_2_naming_every_variable() {
@@ -124,7 +124,9 @@ fn sigterm_drains_in_flight_requests_then_exits_0() {
     let addr = w.addr();
     let clients: Vec<_> = (0..4)
         .map(|_| {
-            std::thread::spawn(move || crate::support::Conn::open(addr).send("GET", "/", &[], b""))
+            std::thread::spawn(move || {
+                crate::support::Conn::open(addr).send("GET", "/", &[], Body::None)
+            })
         })
         .collect();
     wait_for("four handlers running", Duration::from_secs(30), || {

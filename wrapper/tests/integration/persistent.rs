@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runr_testkit::wait_for;
 
-use crate::support::{alive, env, fixtures, load, Wrapper};
+use crate::support::{alive, env, fixtures, load, Body, RespExt, Wrapper};
 
 fn python_worker(extra: &[(&str, &str)]) -> Wrapper {
     let f = fixtures();
@@ -60,7 +60,7 @@ fn requests_queue_for_a_free_worker_and_every_slot_is_used() {
         .map(|_| {
             let addr = w.addr();
             std::thread::spawn(move || {
-                crate::support::Conn::open(addr).send("GET", "/sleep?s=0.3", &[], b"")
+                crate::support::Conn::open(addr).send("GET", "/sleep?s=0.3", &[], Body::None)
             })
         })
         .collect();
@@ -142,7 +142,7 @@ fn the_timeout_counts_the_wait_for_a_worker() {
     // One worker, two requests of 0.7 s: the second waits 0.7 s and would finish at 1.4 s.
     let addr = w.addr();
     let a = std::thread::spawn(move || {
-        crate::support::Conn::open(addr).send("GET", "/sleep?s=0.7", &[], b"")
+        crate::support::Conn::open(addr).send("GET", "/sleep?s=0.7", &[], Body::None)
     });
     std::thread::sleep(Duration::from_millis(100));
     let b = w.get("/sleep?s=0.7");

@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use runr_testkit::{free_port, wait_for};
 
 use crate::observed_support::{access_lines, attr, start_proxy, vm_hwm_kib, Collector};
-use crate::support::{alive, Conn};
+use crate::support::{alive, Body, Conn, RespExt};
 
 const MIB: usize = 1024 * 1024;
 const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -118,13 +118,15 @@ fn read_answer(r: &mut BufReader<TcpStream>) -> (u16, Vec<u8>) {
 fn keep_alive_holds_on_both_sides() {
     let w = start_proxy(&tracing_on());
     let mut conn = Conn::open(w.addr());
-    let a = conn.send("GET", "/pid", &[], b"").json();
-    let b = conn.send("GET", "/pid", &[], b"").json();
+    let a = conn.send("GET", "/pid", &[], Body::None).json();
+    let b = conn.send("GET", "/pid", &[], Body::None).json();
     assert_eq!(
         a["client_port"], b["client_port"],
         "one upstream connection for one client connection"
     );
-    let other = Conn::open(w.addr()).send("GET", "/pid", &[], b"").json();
+    let other = Conn::open(w.addr())
+        .send("GET", "/pid", &[], Body::None)
+        .json();
     assert_ne!(other["client_port"], a["client_port"]);
 }
 
@@ -132,11 +134,13 @@ fn keep_alive_holds_on_both_sides() {
 fn traceparent_is_continued_and_the_access_line_written() {
     let w = start_proxy(&tracing_on());
     let mut conn = Conn::open(w.addr());
-    let seen = conn.send("GET", "/headers?x=1", &[("traceparent", TP)], b"");
+    let seen = conn.send("GET", "/headers?x=1", &[("traceparent", TP)], Body::None);
     assert_eq!(seen.status, 200);
     assert_eq!(seen.header("access-control-allow-origin"), Some("*"));
     let upstream_tp = seen.json()["traceparent"].as_str().unwrap().to_string();
-    let fresh = conn.send("POST", "/headers", &[], b"{}").json();
+    let fresh = conn
+        .send("POST", "/headers", &[], Body::Sized(b"{}"))
+        .json();
     let fresh_tp = fresh["traceparent"].as_str().unwrap().to_string();
 
     w.wait_log("POST /headers 200");
@@ -173,7 +177,7 @@ fn sampler_always_off_marks_unsampled() {
     vars.push(("OTEL_TRACES_SAMPLER", "always_off".into()));
     let w = start_proxy(&vars);
     let seen = Conn::open(w.addr())
-        .send("GET", "/headers", &[("traceparent", TP)], b"")
+        .send("GET", "/headers", &[("traceparent", TP)], Body::None)
         .json();
     assert!(
         seen["traceparent"].as_str().unwrap().ends_with("-00"),
@@ -198,7 +202,7 @@ fn spans_are_exported_to_an_otlp_collector() {
         "GET",
         "/status?code=503",
         &[("traceparent", TP), ("User-Agent", "t/1")],
-        b"",
+        Body::None,
     );
     assert_eq!(r.status, 503);
     let (path, ctype, doc, spans) = collector.next_spans();
@@ -243,11 +247,11 @@ fn a_collector_that_is_down_costs_one_warning_and_no_request() {
     let w = start_proxy(&vars);
     let mut conn = Conn::open(w.addr());
     for _ in 0..5 {
-        assert_eq!(conn.send("GET", "/pid", &[], b"").status, 200);
+        assert_eq!(conn.send("GET", "/pid", &[], Body::None).status, 200);
     }
     w.wait_log("cannot export spans");
     for _ in 0..5 {
-        assert_eq!(conn.send("GET", "/pid", &[], b"").status, 200);
+        assert_eq!(conn.send("GET", "/pid", &[], Body::None).status, 200);
     }
     wait_for("10 access lines", Duration::from_secs(30), || {
         (access_lines(&w.log()).len() == 10).then_some(())
@@ -264,14 +268,16 @@ fn a_collector_that_is_down_costs_one_warning_and_no_request() {
 fn probes_and_preflights_are_answered_by_the_wrapper() {
     let w = start_proxy(&tracing_on());
     assert_eq!(
-        Conn::open(w.addr()).send("GET", "/pid", &[], b"").status,
+        Conn::open(w.addr())
+            .send("GET", "/pid", &[], Body::None)
+            .status,
         200
     );
     let pre = Conn::open(w.addr()).send(
         "OPTIONS",
         "/anything",
         &[("Origin", "https://a.example")],
-        b"",
+        Body::None,
     );
     assert_eq!(pre.status, 204);
     assert_eq!(
@@ -279,7 +285,7 @@ fn probes_and_preflights_are_answered_by_the_wrapper() {
         Some("GET, POST, PUT, DELETE, PATCH, OPTIONS")
     );
     assert_eq!(pre.header("access-control-max-age"), Some("86400"));
-    let probe = Conn::open(w.addr()).send("GET", "/", &[("K-Network-Probe", "queue")], b"");
+    let probe = Conn::open(w.addr()).send("GET", "/", &[("K-Network-Probe", "queue")], Body::None);
     assert_eq!((probe.status, probe.text().as_str()), (200, "ok"));
     // Neither is an invocation.
     assert_eq!(access_lines(&w.log()).len(), 1, "{}", w.log());
@@ -294,10 +300,10 @@ fn a_program_that_never_listens_gets_503_after_the_wait() {
         ("RUNR_TRACING".into(), "1".into()),
         ("RUNR_TICK_WAIT".into(), "300ms".into()),
     ]);
-    let r = Conn::open(w.addr()).send("GET", "/", &[], b"");
+    let r = Conn::open(w.addr()).send("GET", "/", &[], Body::None);
     assert_eq!(r.status, 503);
     assert_eq!(r.error(), "the function is not listening yet");
-    let probe = Conn::open(w.addr()).send("GET", "/", &[("K-Kubelet-Probe", "1")], b"");
+    let probe = Conn::open(w.addr()).send("GET", "/", &[("K-Kubelet-Probe", "1")], Body::None);
     assert_eq!(
         probe.status, 503,
         "not ready while the program does not listen"
@@ -308,12 +314,17 @@ fn a_program_that_never_listens_gets_503_after_the_wait() {
 #[test]
 fn sigterm_drains_then_stops_the_program() {
     let mut w = start_proxy(&tracing_on());
-    let upstream_pid = Conn::open(w.addr()).send("GET", "/pid", &[], b"").json()["pid"]
+    let upstream_pid = Conn::open(w.addr())
+        .send("GET", "/pid", &[], Body::None)
+        .json()["pid"]
         .as_i64()
         .unwrap() as i32;
     let addr = w.addr();
-    let slow =
-        std::thread::spawn(move || Conn::open(addr).send("GET", "/sleep?s=1", &[], b"").status);
+    let slow = std::thread::spawn(move || {
+        Conn::open(addr)
+            .send("GET", "/sleep?s=1", &[], Body::None)
+            .status
+    });
     // The program's stderr is the wrapper's: the request is in flight once it says so.
     w.wait_log("sleep start");
     w.child.signal(Signal::SIGTERM);
@@ -380,11 +391,11 @@ fn a_binary_server_that_closes_each_connection_is_proxied_with_client_keep_alive
     ]);
     let mut conn = Conn::open(w.addr());
     for _ in 0..3 {
-        let r = conn.send("GET", "/index.html", &[], b"");
+        let r = conn.send("GET", "/index.html", &[], Body::None);
         assert_eq!(r.status, 200, "{}", w.log());
         assert_eq!(r.text(), "hello from busybox");
     }
-    assert_eq!(conn.send("GET", "/missing", &[], b"").status, 404);
+    assert_eq!(conn.send("GET", "/missing", &[], Body::None).status, 404);
     w.wait_log("GET /missing 404");
     assert_eq!(access_lines(&w.log()).len(), 4);
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::observed_support::{access_lines, replay_lines, start_proxy};
-use crate::support::{env, fixtures, Conn, Wrapper};
+use crate::support::{env, fixtures, Body, Conn, RespExt, Wrapper};
 
 const SECRET_HEADERS: [(&str, &str); 3] = [
     ("Authorization", "Bearer s3cret"),
@@ -41,14 +41,19 @@ fn proxy_captures_500s_timeouts_and_crashes() {
     let mut conn = Conn::open(w.addr());
     let mut headers = SECRET_HEADERS.to_vec();
     headers.push(("X-Trace-Me", "yes"));
-    let r = conn.send("POST", "/status?code=500", &headers, b"0123456789abcdef");
+    let r = conn.send(
+        "POST",
+        "/status?code=500",
+        &headers,
+        Body::Sized(b"0123456789abcdef"),
+    );
     assert_eq!(r.status, 500);
     assert_eq!(
-        conn.send("GET", "/headers", &[], b"").status,
+        conn.send("GET", "/headers", &[], Body::None).status,
         200,
         "not captured"
     );
-    let r = Conn::open(w.addr()).send("GET", "/sleep?s=5", &[], b"");
+    let r = Conn::open(w.addr()).send("GET", "/sleep?s=5", &[], Body::None);
     assert_eq!(r.status, 504);
     assert_eq!(r.error(), "handler timed out after 0.5s");
     // The program breaks off its answer: the client sees a short body and a closed connection.
@@ -203,7 +208,10 @@ fn capture_file_rotates_keeping_one_previous() {
     let w = start_proxy(&vars);
     let mut conn = Conn::open(w.addr());
     for _ in 0..8 {
-        assert_eq!(conn.send("GET", "/status?code=502", &[], b"").status, 502);
+        assert_eq!(
+            conn.send("GET", "/status?code=502", &[], Body::None).status,
+            502
+        );
     }
     let rotated = dir.path().join("replay.jsonl.1");
     runr_testkit::wait_for("the rotated file", Duration::from_secs(30), || {
@@ -222,12 +230,14 @@ fn an_unwritable_capture_file_is_a_warning_not_a_failed_request() {
     let mut vars = replay_vars(Path::new("/nonexistent-dir/replay.jsonl"));
     vars.retain(|(k, _)| *k != "RUNR_TIMEOUT");
     let w = start_proxy(&vars);
-    let r = Conn::open(w.addr()).send("GET", "/status?code=500", &[], b"");
+    let r = Conn::open(w.addr()).send("GET", "/status?code=500", &[], Body::None);
     assert_eq!(r.status, 500);
     assert_eq!(r.text(), "status 500", "the program's own answer");
     w.wait_log("cannot write replay capture");
     assert_eq!(
-        Conn::open(w.addr()).send("GET", "/pid", &[], b"").status,
+        Conn::open(w.addr())
+            .send("GET", "/pid", &[], Body::None)
+            .status,
         200
     );
 }

@@ -1,26 +1,26 @@
-//! Test support: start the real runr-wrapper binary on a free port, a tiny blocking HTTP/1.1
-//! client, and handler fixtures (bash, python3 and C programs built once per test run).
+//! Test support: start the real runr-wrapper binary (with `PORT=0`, reading the port it bound
+//! from its `listening` line: [`runr_testkit::Server`]), requests through the shared raw
+//! client ([`runr_testkit::http`]), and handler fixtures (bash, python3 and C programs built
+//! once per test run).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use runr_testkit::{free_port, wait_for, Child};
+pub use runr_testkit::http::{Body, Conn, Resp};
+use runr_testkit::Server;
 
 /// The binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_runr-wrapper")
 }
 
-/// A running wrapper whose stderr goes to a file the test can read.
+/// A running wrapper whose stdout and stderr go to a log file the test can read (through
+/// [`Server`], which it derefs to: `child`, `log()`, `wait_log()`).
 pub struct Wrapper {
-    pub child: Child,
-    pub port: u16,
-    log: PathBuf,
+    server: Server,
     _dir: tempfile::TempDir,
 }
 
@@ -36,7 +36,7 @@ pub fn env(mode: &str, command: &[&str]) -> Vec<(String, String)> {
 }
 
 impl Wrapper {
-    /// Starts the wrapper with `vars` (plus PORT) and waits until it accepts connections.
+    /// Starts the wrapper with `vars` on a port the kernel picks, and waits until it listens.
     pub fn start(vars: &[(String, String)]) -> Wrapper {
         Self::start_with(Command::new(bin()), vars)
     }
@@ -45,47 +45,16 @@ impl Wrapper {
     pub fn start_with(mut cmd: Command, vars: &[(String, String)]) -> Wrapper {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("wrapper.log");
-        let port = free_port();
-        cmd.env("PORT", port.to_string())
-            .env("RUNR_LOG", "debug")
-            .envs(vars.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        let mut w = Wrapper {
-            child: Child::spawn(&mut cmd).expect("spawn runr-wrapper"),
-            port,
-            log,
+        cmd.env("RUNR_LOG", "debug")
+            .envs(vars.iter().map(|(k, v)| (k, v)));
+        Wrapper {
+            server: Server::start(cmd, &log),
             _dir: dir,
-        };
-        let addr = w.addr();
-        wait_for("the wrapper to listen", Duration::from_secs(20), || {
-            if let Ok(Some(status)) = w.child.inner().try_wait() {
-                panic!("runr-wrapper exited with {status}:\n{}", w.log());
-            }
-            TcpStream::connect_timeout(&addr, Duration::from_millis(100))
-                .ok()
-                .map(|_| ())
-        });
-        w
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    /// Everything the wrapper wrote to stderr so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log contains `needle`.
-    pub fn wait_log(&self, needle: &str) {
-        wait_for(
-            &format!("{needle:?} in the log"),
-            Duration::from_secs(30),
-            || self.log().contains(needle).then_some(()),
-        );
+        self.server.addr
     }
 
     pub fn get(&self, path: &str) -> Resp {
@@ -96,132 +65,49 @@ impl Wrapper {
         self.send("POST", path, &[], body)
     }
 
+    /// One request on a new connection; an empty `body` is sent as none.
     pub fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let body = if body.is_empty() {
+            Body::None
+        } else {
+            Body::Sized(body)
+        };
         Conn::open(self.addr()).send(method, path, headers, body)
     }
 }
 
-/// An HTTP answer.
-#[derive(Debug)]
-pub struct Resp {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
+impl std::ops::Deref for Wrapper {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.server
+    }
 }
 
-impl Resp {
-    /// The first value of header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+impl std::ops::DerefMut for Wrapper {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.server
     }
+}
 
-    /// All values of header `name`.
-    pub fn headers_named(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
+/// What the wrapper's answers are read as.
+pub trait RespExt {
+    /// The body as JSON (panics with the body when it is not).
+    fn json(&self) -> serde_json::Value;
+    /// The `error` field of a JSON error answer.
+    fn error(&self) -> String;
+}
 
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn json(&self) -> serde_json::Value {
+impl RespExt for Resp {
+    fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
-    /// The `error` field of a JSON error answer.
-    pub fn error(&self) -> String {
+    fn error(&self) -> String {
         self.json()["error"]
             .as_str()
             .unwrap_or_default()
             .to_string()
-    }
-}
-
-/// One keep-alive HTTP/1.1 connection (answers are framed by Content-Length, which the wrapper
-/// always sends).
-pub struct Conn {
-    reader: BufReader<TcpStream>,
-}
-
-impl Conn {
-    pub fn open(addr: SocketAddr) -> Conn {
-        let s = TcpStream::connect(addr).expect("connect to the wrapper");
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        s.set_nodelay(true).unwrap();
-        Conn {
-            reader: BufReader::new(s),
-        }
-    }
-
-    pub fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Resp {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if !headers
-            .iter()
-            .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        {
-            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
-        }
-        req.push_str("\r\n");
-        let s = self.reader.get_mut();
-        s.write_all(req.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
-        self.read_response()
-    }
-
-    pub fn read_response(&mut self) -> Resp {
-        let mut line = String::new();
-        self.reader.read_line(&mut line).expect("read status line");
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .unwrap_or_else(|| panic!("bad status line {line:?}"))
-            .parse()
-            .unwrap();
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            self.reader.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap();
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-        let len: usize = headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-            .map(|(_, v)| v.parse().unwrap())
-            .unwrap_or(0);
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body).unwrap();
-        Resp {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    /// The raw socket, for tests that write by hand.
-    pub fn stream(&mut self) -> &mut TcpStream {
-        self.reader.get_mut()
     }
 }
 
@@ -349,7 +235,7 @@ pub fn load(addr: SocketAddr, threads: usize, per: usize, path: &str) -> HashMap
                 let mut conn = Conn::open(addr);
                 let mut counts = HashMap::new();
                 for _ in 0..per {
-                    let r = conn.send("POST", &path, &[], b"ping");
+                    let r = conn.send("POST", &path, &[], Body::Sized(b"ping"));
                     *counts.entry(r.status).or_insert(0) += 1;
                 }
                 counts
