@@ -526,6 +526,54 @@ mod tests {
         assert_eq!(r.file.to_str(), Some("/tmp/runr-replay.jsonl"));
         assert_eq!(r.max_body, 4096);
         assert_eq!(r.max_bytes, 64 << 20);
+        // The spellings the replay sizes took before keep their meaning (powers of 1024).
+        let size = |v: &str| {
+            let (c, e) = parse(&[(ENV_REPLAY, "1"), (ENV_REPLAY_MAX_BODY, v)]);
+            assert!(e.is_empty(), "{v}: {e:?}");
+            c.replay.unwrap().max_body
+        };
+        assert_eq!(size("1048576"), 1 << 20);
+        assert_eq!(size("512k"), 512 << 10);
+        assert_eq!(size("1MiB"), 1 << 20);
+        assert_eq!(size("2G"), 2 << 30);
+        assert_eq!(size("10mb"), 10 << 20);
+        // Valid now (rejected before).
+        assert_eq!(size("1.5MiB"), 3 << 19);
+    }
+
+    #[test]
+    fn otel_durations_are_milliseconds_when_bare() {
+        let otlp = |extra: &[(&str, &str)]| {
+            let vars = [
+                &[(ENV_TRACING, "1"), (ENV_OTLP_ENDPOINT, "http://c:4318")][..],
+                extra,
+            ]
+            .concat();
+            let (c, e) = parse(&vars);
+            assert!(e.is_empty(), "{e:?}");
+            c.otlp.unwrap()
+        };
+        let o = otlp(&[]);
+        assert_eq!(
+            (o.timeout, o.schedule_delay),
+            (DEFAULT_OTLP_TIMEOUT, DEFAULT_BSP_SCHEDULE_DELAY)
+        );
+        let o = otlp(&[(ENV_OTLP_TIMEOUT, "2500"), (ENV_BSP_SCHEDULE_DELAY, "100")]);
+        assert_eq!(o.timeout, Duration::from_millis(2500));
+        assert_eq!(o.schedule_delay, Duration::from_millis(100));
+        let o = otlp(&[(ENV_OTLP_TIMEOUT, "1"), (ENV_OTLP_TRACES_TIMEOUT, "3s")]);
+        assert_eq!(
+            o.timeout,
+            Duration::from_secs(3),
+            "the traces-specific one wins"
+        );
+        let (_, e) = parse(&[
+            (ENV_TRACING, "1"),
+            (ENV_OTLP_ENDPOINT, "http://c:4318"),
+            (ENV_OTLP_TIMEOUT, "soon"),
+        ]);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].name, ENV_OTLP_TIMEOUT);
     }
 
     #[test]
