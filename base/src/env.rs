@@ -627,6 +627,35 @@ mod tests {
         );
     }
 
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// A bare number is that many milliseconds, exactly.
+            #[test]
+            fn bare_numbers_are_milliseconds(ms in 0u64..1 << 40, frac in 0u32..1000) {
+                prop_assert_eq!(parse_duration_ms(&ms.to_string()), Ok(MS(ms)));
+                let expected = MS(ms) + Duration::from_micros(u64::from(frac));
+                prop_assert_eq!(parse_duration_ms(&format!("{ms}.{frac:03}")), Ok(expected));
+            }
+
+            /// With a unit it is the common grammar.
+            #[test]
+            fn numbers_with_a_unit_keep_it(n in 0u64..1 << 20, unit in 0usize..4, space in any::<bool>()) {
+                let (name, per) = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)][unit];
+                let v = format!("{n}{}{name}", if space { " " } else { "" });
+                prop_assert_eq!(parse_duration_ms(&v), Ok(MS(n * per)));
+            }
+
+            /// Any text: an answer, never a panic.
+            #[test]
+            fn any_text_is_answered(v in "\\PC{0,24}") {
+                let _ = parse_duration_ms(&v);
+            }
+        }
+    }
+
     #[test]
     fn duration_ranges_and_display() {
         let r = MS(1)..=Duration::from_secs(86_400);
