@@ -513,26 +513,56 @@ pub fn parse_size(v: &str) -> Result<u64, String> {
         .ok_or_else(|| "size too large".to_string())
 }
 
-/// The leading `[0-9.]` run and the rest.
+/// The leading number (`[+]digits[.digits][e[+-]digits]`) and the rest (the unit). No unit of
+/// the grammar starts with `e`, so an exponent is never mistaken for one.
 fn split_number(v: &str) -> (&str, &str) {
-    let end = v
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(v.len());
+    let b = v.as_bytes();
+    let mut end = usize::from(b.first() == Some(&b'+'));
+    while end < b.len() && (b[end].is_ascii_digit() || b[end] == b'.') {
+        end += 1;
+    }
+    if end < b.len() && matches!(b[end], b'e' | b'E') {
+        let mut exp = end + 1;
+        if exp < b.len() && matches!(b[exp], b'+' | b'-') {
+            exp += 1;
+        }
+        let digits = b[exp..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if digits > 0 {
+            end = exp + digits;
+        }
+    }
     v.split_at(end)
 }
 
-/// `12.5` as (125, 10): digits with at most one `.`, at least one digit, at most 18 decimals.
+/// `12.5` as (125, 10), `2.5e1` as (25, 1), `1e-3` as (1, 1000): exact. A leading `+` and an
+/// exponent are accepted because the wrapper's timeout used to be read as a float (`+30`,
+/// `1e3`) and a value that was valid stays valid; at least one digit, at most 18 decimals and
+/// exponents within ±30.
 fn decimal(number: &str) -> Option<(u128, u128)> {
-    let (whole, frac) = match number.split_once('.') {
+    let number = number.strip_prefix('+').unwrap_or(number);
+    let (mantissa, exponent) = match number.find(['e', 'E']) {
+        Some(i) => (&number[..i], number[i + 1..].parse::<i32>().ok()?),
+        None => (number, 0),
+    };
+    let (whole, frac) = match mantissa.split_once('.') {
         Some((w, f)) => (w, f),
-        None => (number, ""),
+        None => (mantissa, ""),
     };
     if whole.is_empty() && frac.is_empty() || frac.contains('.') || frac.len() > 18 {
         return None;
     }
-    let digits = format!("{whole}{frac}");
-    let scaled: u128 = digits.parse().ok()?;
-    Some((scaled, 10u128.pow(frac.len() as u32)))
+    if exponent.unsigned_abs() > 30 {
+        return None;
+    }
+    let scaled: u128 = format!("{whole}{frac}").parse().ok()?;
+    let mut denominator = 10u128.pow(frac.len() as u32);
+    let power = 10u128.pow(exponent.unsigned_abs());
+    if exponent >= 0 {
+        Some((scaled.checked_mul(power)?, denominator))
+    } else {
+        denominator = denominator.checked_mul(power)?;
+        Some((scaled, denominator))
+    }
 }
 
 /// A duration the way a user writes it: `30s`, `2.5s`, `500ms`, `5m`, `1h`; exact (integer
@@ -578,6 +608,15 @@ mod tests {
         assert_eq!(parse_duration("5 m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration(" 1h "), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        // The wrapper's RUNR_TIMEOUT used to be read as a float: those forms stay valid.
+        assert_eq!(parse_duration("+30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1e3"), Ok(Duration::from_secs(1000)));
+        assert_eq!(parse_duration("2.5e1s"), Ok(Duration::from_secs(25)));
+        assert_eq!(parse_duration("1E-3"), Ok(MS(1)));
+        assert_eq!(
+            parse_duration("1e9"),
+            Ok(Duration::from_secs(1_000_000_000))
+        );
     }
 
     #[test]
@@ -590,11 +629,14 @@ mod tests {
             "1.2.3",
             "-1",
             "-1s",
-            "+1s",
+            "++1s",
             "abc",
             "NaN",
             "inf",
-            "1e9",
+            "1e",
+            "e3",
+            "1e3.5",
+            "1e99",
             "10d",
             "5 mins",
             "1h30m",
@@ -614,7 +656,8 @@ mod tests {
         assert_eq!(parse_duration_ms("500ms"), Ok(MS(500)));
         assert_eq!(parse_duration_ms("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration_ms("1m"), Ok(Duration::from_secs(60)));
-        for bad in ["", "ms", "-1", "10d", "1e3", "soon"] {
+        assert_eq!(parse_duration_ms("1e3"), Ok(MS(1000)));
+        for bad in ["", "ms", "-1", "10d", "1e", "soon"] {
             assert_eq!(
                 parse_duration_ms(bad).unwrap_err(),
                 "expected milliseconds (10000) or a duration (500ms, 10s, 1m)",
@@ -704,13 +747,14 @@ mod tests {
         assert_eq!(parse_size("3M"), Ok(3 << 20));
         assert_eq!(parse_size("1gb"), Ok(1 << 30));
         assert_eq!(parse_size("5B"), Ok(5));
+        assert_eq!(parse_size("1e3"), Ok(1000));
         for bad in [
             "",
             "MiB",
             "-1",
             "1.2.3KiB",
             "1XB",
-            "1e3",
+            "1e",
             "99999999999TiB",
             "one",
         ] {
