@@ -6,7 +6,10 @@
 //! wait is on a condition with a deadline, never a bare sleep.
 
 pub mod http;
+pub mod httpd;
+pub mod oci;
 pub mod server;
+pub mod tools;
 
 pub use server::Server;
 
