@@ -5,13 +5,19 @@
 //! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
 //! wait is on a condition with a deadline, never a bare sleep.
 
+mod distribution;
 pub mod http;
 pub mod httpd;
 pub mod oci;
+pub mod pki;
 pub mod server;
+pub mod tls;
+pub mod token;
 pub mod tools;
 
 pub use server::Server;
+pub use tls::{TlsRegistry, TlsVariant};
+pub use token::TokenRegistry;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
