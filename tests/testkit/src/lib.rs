@@ -10,11 +10,13 @@ pub mod http;
 pub mod httpd;
 pub mod oci;
 pub mod pki;
+pub mod range_cache;
 pub mod server;
 pub mod tls;
 pub mod token;
 pub mod tools;
 
+pub use range_cache::RangeIgnoringCache;
 pub use server::Server;
 pub use tls::{TlsRegistry, TlsVariant};
 pub use token::TokenRegistry;
