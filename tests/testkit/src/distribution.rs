@@ -165,3 +165,25 @@ impl Drop for Distribution {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another process took the free port before the registry bound it: the first start
+    /// moves to a new port instead of failing.
+    #[test]
+    fn a_taken_port_is_replaced_on_the_first_start() {
+        let mut dist = Distribution::new("runr-dist-test-");
+        let taken = std::net::TcpListener::bind(dist.addr()).expect("bind the chosen port");
+        dist.start();
+        assert_ne!(dist.addr(), taken.local_addr().unwrap());
+        assert_eq!(http_get_status(dist.addr(), "/v2/"), Some(200));
+        // A restart keeps the port it ended up with.
+        let port = dist.addr();
+        dist.stop();
+        dist.restart();
+        assert_eq!(dist.addr(), port);
+        assert_eq!(http_get_status(dist.addr(), "/v2/"), Some(200));
+    }
+}

@@ -17,11 +17,9 @@ use base64::Engine;
 
 /// How long writing an answer may stall before the connection is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections turned away at once (each gets its 503 from a short-lived thread); beyond this
-/// they are closed without an answer.
-const MAX_REJECTING: usize = 16;
-/// How long a turned-away connection gets to send its request head before its 503.
-const REJECT_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a refused request may take to be read to its end before the close, so that its
+/// client gets the answer rather than a reset.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The bounds of one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,16 +32,24 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long an idle keep-alive connection (or a half-sent request) stays open.
     pub idle_timeout: Duration,
+    /// Connections over `max_connections` answered at once (each gets its 503 from a
+    /// short-lived thread once its request head is in); beyond this they are closed unanswered.
+    pub max_rejecting: usize,
+    /// How long a connection over the limit gets to send its request head before its 503.
+    pub reject_wait: Duration,
 }
 
 impl Default for Limits {
-    /// 16 KiB heads, 64 KiB bodies, 256 connections, 30 s idle.
+    /// 16 KiB heads, 64 KiB bodies, 256 connections, 30 s idle, 16 refusals at once after up
+    /// to 2 s each.
     fn default() -> Limits {
         Limits {
             max_head: 16 * 1024,
             max_body: 64 * 1024,
             max_connections: 256,
             idle_timeout: Duration::from_secs(30),
+            max_rejecting: 16,
+            reject_wait: Duration::from_secs(2),
         }
     }
 }
@@ -341,6 +347,11 @@ impl HttpServer {
         self.shared.conns().len()
     }
 
+    /// Connections over the limit waiting for their 503 right now.
+    pub fn rejecting(&self) -> usize {
+        self.shared.rejecting.load(Ordering::SeqCst)
+    }
+
     /// Requests read so far (all of them, including refused ones), over restarts.
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
@@ -427,14 +438,14 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, handler: Arc<Handler>
 /// Answers a connection over the limit with 503 once its request head is in (answering before
 /// reading would make the close reset the connection and lose the answer).
 fn reject(stream: TcpStream, shared: &Arc<Shared>, limits: Limits) {
-    if shared.rejecting.fetch_add(1, Ordering::SeqCst) >= MAX_REJECTING {
+    if shared.rejecting.fetch_add(1, Ordering::SeqCst) >= limits.max_rejecting {
         shared.rejecting.fetch_sub(1, Ordering::SeqCst);
         return;
     }
     let shared = Arc::clone(shared);
     std::thread::spawn(move || {
-        let _ = stream.set_read_timeout(Some(REJECT_READ_TIMEOUT));
-        let _ = stream.set_write_timeout(Some(REJECT_READ_TIMEOUT));
+        let _ = stream.set_read_timeout(Some(limits.reject_wait));
+        let _ = stream.set_write_timeout(Some(limits.reject_wait));
         if let Ok(read) = stream.try_clone() {
             let mut reader = BufReader::new(read);
             let _ = read_head(&mut reader, limits.max_head);
@@ -512,7 +523,7 @@ fn serve_connection(stream: TcpStream, handler: &Arc<Handler>, limits: Limits, s
                 let _ = writer.write_all(body.as_bytes());
                 let _ = stream.shutdown(Shutdown::Write);
                 // Lets the client read the answer before the close could reset it.
-                let _ = stream.set_read_timeout(Some(REJECT_READ_TIMEOUT));
+                let _ = stream.set_read_timeout(Some(DRAIN_TIMEOUT));
                 let _ = io::copy(&mut reader.take(1 << 20), &mut io::sink());
                 return;
             }

@@ -4,6 +4,11 @@
 //! `docker-registry` package on a free loopback port with its storage in a temporary directory,
 //! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
 //! wait is on a condition with a deadline, never a bare sleep.
+//!
+//! For the edges of a real registry: [`TokenRegistry`] (distribution's `auth: token` behind a
+//! token service in this process), [`TlsRegistry`] (HTTPS with a test CA, and broken
+//! certificates), [`RangeIgnoringCache`] (a cache that answers `Range` probes with the whole blob),
+//! certificates in [`pki`], test images in [`oci`].
 
 mod distribution;
 pub mod http;

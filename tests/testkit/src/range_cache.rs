@@ -576,18 +576,27 @@ impl Upstream {
             }
             return resp;
         }
-        let mut body = Vec::new();
-        let limit = self
-            .content_length()
-            .unwrap_or(MAX_PASSTHROUGH)
-            .min(MAX_PASSTHROUGH);
-        if (&mut self.reader)
-            .take(limit)
-            .read_to_end(&mut body)
-            .is_err()
-        {
-            return registry_error(502, "UNAVAILABLE", "upstream: the body broke off");
+        let too_large = || {
+            registry_error(
+                502,
+                "UNAVAILABLE",
+                &format!("upstream: an answer larger than {MAX_PASSTHROUGH} bytes"),
+            )
+        };
+        let declared = self.content_length();
+        if declared.is_some_and(|n| n > MAX_PASSTHROUGH) {
+            return too_large();
         }
-        resp.with_body(body)
+        let mut body = Vec::new();
+        // Without a length the body runs to the close: one byte more than allowed tells.
+        let limit = declared.unwrap_or(MAX_PASSTHROUGH + 1);
+        match (&mut self.reader).take(limit).read_to_end(&mut body) {
+            Err(_) => registry_error(502, "UNAVAILABLE", "upstream: the body broke off"),
+            Ok(n) if declared.is_some_and(|d| n as u64 != d) => {
+                registry_error(502, "UNAVAILABLE", "upstream: the body broke off")
+            }
+            Ok(n) if n as u64 > MAX_PASSTHROUGH => too_large(),
+            Ok(_) => resp.with_body(body),
+        }
     }
 }

@@ -263,6 +263,41 @@ fn the_connection_limit_is_reached_and_recovers() {
     assert_eq!(held[0].send("GET", "/", &[], Body::None).status, 201);
 }
 
+/// Connections over the limit are answered from a bounded number of threads; past that bound
+/// they are closed unanswered.
+#[test]
+fn refusals_are_bounded_too() {
+    let limits = Limits {
+        max_connections: 1,
+        max_rejecting: 2,
+        reject_wait: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let server = HttpServer::start_with(limits, echo);
+    let mut held = Conn::open(server.addr());
+    assert_eq!(held.send("GET", "/", &[], Body::None).status, 201);
+    // Two over the limit that have not sent their heads: each holds a refusal thread.
+    let mut waiting: Vec<Conn> = (0..2).map(|_| Conn::open(server.addr())).collect();
+    wait_for("two refusals in progress", Duration::from_secs(30), || {
+        (server.rejecting() == 2).then_some(())
+    });
+    let mut third = TcpStream::connect(server.addr()).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(third.read(&mut buf).unwrap(), 0, "closed without an answer");
+    let body = error_body("UNAVAILABLE", "too many connections (at most 1 at once)");
+    for c in &mut waiting {
+        let r = c.send("GET", "/", &[], Body::None);
+        assert_eq!((r.status, r.text()), (503, body.clone()));
+    }
+    wait_for("the refusals to finish", Duration::from_secs(30), || {
+        (server.rejecting() == 0).then_some(())
+    });
+    assert_eq!(held.send("GET", "/", &[], Body::None).status, 201);
+}
+
 #[test]
 fn idle_connections_are_closed() {
     let limits = Limits {

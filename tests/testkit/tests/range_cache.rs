@@ -336,3 +336,60 @@ fn stop_and_restart_keep_the_store() {
     assert!(r.status == 200 && r.body == layer.data);
     assert_eq!(cache.stats(&layer.digest).upstream_fetches, 1);
 }
+
+/// Manifests (and error bodies) pass through up to 4 MiB; a larger answer from the upstream,
+/// announced or not, is a 502 rather than a cut body.
+#[test]
+fn passthrough_answers_are_bounded() {
+    use std::io::{BufRead, BufReader, Write};
+    const MAX: usize = 4 << 20;
+    // A raw upstream: with a Content-Length, or without one (the body runs to the close).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            reader.read_line(&mut first).unwrap();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+            let n = if path.ends_with("/fits") {
+                MAX
+            } else {
+                MAX + 1
+            };
+            let length = if path.ends_with("/unannounced") {
+                String::new()
+            } else {
+                format!("Content-Length: {n}\r\n")
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{length}Connection: close\r\n\r\n"
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(&vec![b'{'; n]);
+        }
+    });
+    let cache = RangeIgnoringCache::start(upstream);
+    let at_bound = http::get(cache.addr(), "/v2/big/manifests/fits");
+    assert_eq!(at_bound.status, 200);
+    assert_eq!(at_bound.body.len(), MAX);
+    assert_eq!(at_bound.header("content-type"), Some("application/json"));
+    for name in ["announced", "unannounced"] {
+        let r = http::get(cache.addr(), &format!("/v2/big/manifests/{name}"));
+        assert_eq!(r.status, 502, "{name}");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            v["errors"][0]["message"],
+            format!("upstream: an answer larger than {MAX} bytes"),
+            "{name}"
+        );
+    }
+    assert_eq!(cache.manifest_requests(), 3);
+}

@@ -9,8 +9,8 @@ use runr_testkit::http::{self, Body, Conn};
 use runr_testkit::httpd::percent_encode;
 use runr_testkit::oci::TestImage;
 use runr_testkit::token::{
-    refusal_body, TokenRequest, User, BASIC_REALM, DETAIL_BAD_CREDENTIALS, DETAIL_BAD_GRANT,
-    DETAIL_NO_CREDENTIALS, ISSUER, SERVICE,
+    refusal_body, TokenConfig, TokenRequest, TokenService, User, BASIC_REALM,
+    DETAIL_BAD_CREDENTIALS, DETAIL_BAD_GRANT, DETAIL_NO_CREDENTIALS, ISSUER, SERVICE,
 };
 use runr_testkit::tools::{skopeo_output, ToolOutput};
 use runr_testkit::{Registry, TokenRegistry};
@@ -680,4 +680,46 @@ fn a_token_registry_over_tls() {
         wrong.stderr
     );
     assert_eq!(reg.tokens().log().last().map(|e| e.status), Some(401));
+}
+
+/// The log keeps the first `log_limit` requests; the counters count every one.
+#[test]
+fn the_token_log_is_bounded_and_the_counters_are_not() {
+    let mut config = TokenConfig::single(USER, PASSWORD);
+    config.log_limit = 3;
+    let service = TokenService::start(config);
+    assert_eq!(service.url(), format!("http://{}/token", service.addr()));
+    let right = basic(USER, PASSWORD);
+    let wrong = basic(USER, "x");
+    for i in 0..5 {
+        let auth = if i % 2 == 0 { &right } else { &wrong };
+        let r = http::request(
+            service.addr(),
+            "GET",
+            &format!("/token?service={SERVICE}&scope=repository:r{i}:pull"),
+            &[("Authorization", auth)],
+            Body::None,
+        );
+        assert_eq!(r.status, if i % 2 == 0 { 200 } else { 401 });
+    }
+    assert_eq!(
+        (service.requests(), service.issued(), service.refused()),
+        (5, 3, 2)
+    );
+    let log = service.log();
+    assert_eq!(
+        log.iter()
+            .map(|e| (e.status, e.scopes.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (200, vec!["repository:r0:pull".to_string()]),
+            (401, vec!["repository:r1:pull".to_string()]),
+            (200, vec!["repository:r2:pull".to_string()]),
+        ]
+    );
+    assert_eq!(log[0].granted, ["repository:r0:pull"]);
+    assert!(log[1].granted.is_empty());
+    // The signing certificate is what a registry's rootcertbundle takes.
+    let pem = std::fs::read_to_string(service.signer_cert()).unwrap();
+    assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"));
 }
