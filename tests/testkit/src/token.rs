@@ -720,7 +720,8 @@ impl TokenRegistryBuilder {
         self
     }
 
-    /// Sets `expires_in` of the tokens.
+    /// Sets `expires_in` of the tokens (distribution 2.8 accepts a token up to 60 s past its
+    /// `exp`, so an expiry test must wait that much longer).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.token.ttl = ttl;
         self
