@@ -99,7 +99,10 @@ impl Conn {
                 };
             })
         });
-        let answer = self.read_response();
+        // An answer to HEAD announces a body it does not send.
+        let answer = self
+            .read_answer(method.eq_ignore_ascii_case("HEAD"))
+            .unwrap_or_else(|e| panic!("reading the answer: {e}"));
         if let Some(w) = writer {
             let _ = w.join();
         }
@@ -115,6 +118,10 @@ impl Conn {
 
     /// Like [`Conn::read_response`], but a closed connection or a bad answer is an `Err`.
     pub fn try_read_response(&mut self) -> Result<Resp, String> {
+        self.read_answer(false)
+    }
+
+    fn read_answer(&mut self, head: bool) -> Result<Resp, String> {
         let mut line = String::new();
         let n = self
             .reader
@@ -149,10 +156,10 @@ impl Conn {
                 .find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        let body = if find("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-            self.read_chunked()?
-        } else if (100..200).contains(&status) || status == 204 || status == 304 {
+        let body = if head || (100..200).contains(&status) || status == 204 || status == 304 {
             Vec::new()
+        } else if find("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            self.read_chunked()?
         } else {
             let len: usize = find("content-length")
                 .map(|v| v.parse().map_err(|_| format!("bad Content-Length {v:?}")))
@@ -307,6 +314,15 @@ mod tests {
         );
         let r = get(addr, "/");
         assert_eq!((r.status, r.body.as_slice()), (201, &b"abcde"[..]));
+    }
+
+    #[test]
+    fn an_answer_to_head_has_no_body() {
+        // Only the head is sent, then the connection closes: reading a body would fail.
+        let addr = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+        let r = request(addr, "HEAD", "/", &[], Body::None);
+        assert_eq!((r.status, r.header("content-length")), (200, Some("5")));
+        assert!(r.body.is_empty());
     }
 
     #[test]

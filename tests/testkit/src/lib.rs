@@ -4,11 +4,27 @@
 //! `docker-registry` package on a free loopback port with its storage in a temporary directory,
 //! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
 //! wait is on a condition with a deadline, never a bare sleep.
+//!
+//! For the edges of a real registry: [`TokenRegistry`] (distribution's `auth: token` behind a
+//! token service in this process), [`TlsRegistry`] (HTTPS with a test CA, and broken
+//! certificates), [`RangeIgnoringCache`] (a cache that answers `Range` probes with the whole blob),
+//! certificates in [`pki`], test images in [`oci`].
 
+mod distribution;
 pub mod http;
+pub mod httpd;
+pub mod oci;
+pub mod pki;
+pub mod range_cache;
 pub mod server;
+pub mod tls;
+pub mod token;
+pub mod tools;
 
+pub use range_cache::RangeIgnoringCache;
 pub use server::Server;
+pub use tls::{TlsRegistry, TlsVariant};
+pub use token::TokenRegistry;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
