@@ -1,0 +1,7 @@
+//! The harness's own suite: every fixture against the real tools it stands in for. One test
+//! binary (one link step), a module per fixture.
+
+mod httpd;
+mod range_cache;
+mod tls;
+mod token;
