@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use runr_registry::oci_client::Reference;
+pub use runr_registry::reference::ImageRef;
 pub use runr_registry::ConfigError;
 use runr_registry::RegistryConfig;
 
@@ -49,10 +49,6 @@ pub const DEFAULT_CONFIRM_WAIT: Duration = Duration::from_secs(60);
 pub const ENV_LOG: &str = "RUNR_PREWARM_LOG";
 /// Default of [`ENV_LOG`].
 pub const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
-
-/// A host used only to let the reference grammar tell a repository's first path segment from a
-/// registry host; it never reaches the network.
-const PARSE_HOST: &str = "prewarm.invalid";
 
 /// Everything the run needs, parsed and checked.
 #[derive(Debug, Clone)]
@@ -277,69 +273,6 @@ fn parse_images(v: &str) -> Result<Vec<ImageRef>, String> {
     Ok(images)
 }
 
-// === impl ImageRef ===
-
-/// One image as the cache serves it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageRef {
-    /// The entry as written, for log lines and the summary.
-    pub text: String,
-    /// The repository in the cache, e.g. `library/python`.
-    pub repository: String,
-    /// The tag, when the entry has one.
-    pub tag: Option<String>,
-    /// `sha256:<hex>`, when the entry pins one; it wins over the tag.
-    pub digest: Option<String>,
-}
-
-impl ImageRef {
-    /// Parses `repository:tag`, `repository@sha256:<64 hex>` or `repository:tag@sha256:<hex>`
-    /// with the distribution reference grammar (through oci-client).
-    pub fn parse(text: &str) -> Result<ImageRef, String> {
-        let last = text.rsplit('/').next().unwrap_or(text);
-        if !last.contains(':') && !text.contains('@') {
-            return Err("expected repository:tag or repository@sha256:<digest>".into());
-        }
-        let parsed = Reference::try_from(format!("{PARSE_HOST}/{text}"))
-            .map_err(|e| format!("not an image reference: {e}"))?;
-        if parsed.registry() != PARSE_HOST {
-            return Err("expected a repository in the cache, without a registry host".into());
-        }
-        if let Some(d) = parsed.digest() {
-            if !is_sha256_digest(d) {
-                return Err("only sha256:<64 lowercase hex> digests are supported".into());
-            }
-        }
-        Ok(ImageRef {
-            text: text.to_string(),
-            repository: parsed.repository().to_string(),
-            tag: parsed.tag().map(str::to_string),
-            digest: parsed.digest().map(str::to_string),
-        })
-    }
-
-    /// What goes after `/manifests/`: the digest when pinned, else the tag.
-    pub fn manifest_reference(&self) -> &str {
-        self.digest
-            .as_deref()
-            .or(self.tag.as_deref())
-            .unwrap_or("latest")
-    }
-}
-
-impl fmt::Display for ImageRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-/// True for `sha256:` followed by 64 lowercase hex digits.
-pub fn is_sha256_digest(d: &str) -> bool {
-    d.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
-}
-
 // === impl Platforms ===
 
 /// Which entries of a multi-platform index to warm. Attestation entries (`unknown/unknown`) are
@@ -479,15 +412,6 @@ mod tests {
         assert_eq!(c.images[2].repository, "library/go");
         assert_eq!(c.images[2].manifest_reference(), DIGEST);
         assert_eq!(c.images[1].manifest_reference(), "22");
-    }
-
-    #[test]
-    fn references_keep_nested_repositories() {
-        let r = ImageRef::parse("docker.io/library/python:3.12-slim").unwrap();
-        assert_eq!(r.repository, "docker.io/library/python");
-        assert_eq!(r.tag.as_deref(), Some("3.12-slim"));
-        let r = ImageRef::parse(&format!("runr-runtimes/go:1.23@{DIGEST}")).unwrap();
-        assert_eq!(r.manifest_reference(), DIGEST);
     }
 
     #[test]

@@ -11,12 +11,12 @@ use runr_registry::oci_client::manifest::{
     OciImageIndex, OciImageManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE,
     OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
 };
-use runr_registry::Backoff;
+use runr_registry::{is_sha256, Backoff};
 use sha2::{Digest, Sha256};
 
 use crate::blobs::{hex, Blob, Fetcher, Warmed};
 use crate::cache::{blob_what, Cache, FetchError, RawManifest};
-use crate::config::{is_sha256_digest, Config, ImageRef, Platforms};
+use crate::config::{Config, ImageRef, Platforms};
 use crate::readiness::Readiness;
 use crate::summary::{ImageReport, Status};
 
@@ -389,7 +389,7 @@ fn select_platforms(
             None => format!("{os}/{arch}"),
         };
         if platforms.wants(&os, &arch, variant.as_deref()) {
-            if !is_sha256_digest(&entry.digest) {
+            if !is_sha256(&entry.digest) {
                 return Err(FetchError::BadManifest {
                     what: what.into(),
                     reason: format!("entry {name} has an unsupported digest {}", entry.digest),
@@ -425,7 +425,7 @@ fn add_blobs(
         }
         let size = u64::try_from(desc.size).ok();
         match size {
-            Some(size) if is_sha256_digest(&desc.digest) => {
+            Some(size) if is_sha256(&desc.digest) => {
                 progress
                     .blobs
                     .entry(Blob {

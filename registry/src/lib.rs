@@ -4,6 +4,9 @@
 //! - [`config`]: the registry variables both binaries read (`RUNR_REGISTRY_*`), parsed from a
 //!   lookup so tests pass a map;
 //! - [`client`]: an [`oci_client::Client`] built for a scratch image (built-in roots, ring);
+//! - [`reference`]: image references (prewarm's images, the receiver's push target and upload
+//!   name, names inside archives) on top of `oci_spec`'s reference grammar;
+//! - [`digest`]: `sha256:<hex>` digests: the one check, parsing a typed one, computing one;
 //! - [`retry`]: which failures are worth another attempt and how long to wait before it;
 //! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
 //!   the caller must see (readiness probes, `Retry-After`, Range probes);
@@ -13,12 +16,16 @@
 
 pub mod client;
 pub mod config;
+pub mod digest;
 pub mod http;
+pub mod reference;
 pub mod retry;
 pub mod roots;
 
 pub use client::{build_client, client_config, client_from, ClientError, Timeouts};
 pub use config::{ConfigError, RegistryConfig};
+pub use digest::{is_sha256, sha256_digest, Sha256Hasher};
+pub use reference::ImageRef;
 pub use retry::{is_transient, Backoff};
 pub use roots::ensure_system_roots;
 
