@@ -220,6 +220,12 @@ impl<'a> Env<'a> {
             .filter(|v| !v.is_empty())
     }
 
+    /// The value of `name` exactly as set, not trimmed (a password may begin or end with a
+    /// blank); `None` when unset or all blank, as for every other reader.
+    pub fn verbatim(&self, name: &str) -> Option<String> {
+        (self.get)(name).filter(|v| !v.trim().is_empty())
+    }
+
     /// Records that `name` (holding `value`) is bad.
     pub fn reject(&mut self, name: &'static str, value: Option<&str>, reason: impl Into<String>) {
         self.errors.push(ConfigError::new(name, value, reason));
@@ -786,6 +792,35 @@ mod tests {
         assert!(parse_level("loud").is_err());
     }
 
+    proptest::proptest! {
+        // Values come from manifests people edit by hand: any text is a value or a reason.
+        #[test]
+        fn durations_and_sizes_never_panic(text in "\\PC{0,16}") {
+            let _ = parse_duration(&text);
+            let _ = parse_size(&text);
+        }
+
+        // `<whole>.<millis><unit>` against the same value computed in whole nanoseconds.
+        #[test]
+        fn durations_agree_with_integer_arithmetic(
+            whole in 0u64..10_000_000,
+            millis in 0u64..1000,
+            unit in 0usize..4,
+        ) {
+            let (suffix, nanos_per_unit) =
+                [("ms", 1_000_000u128), ("s", 1_000_000_000), ("m", 60_000_000_000), ("h", 3_600_000_000_000)][unit];
+            let nanos = (u128::from(whole) * 1000 + u128::from(millis)) * nanos_per_unit / 1000;
+            let want = Duration::new((nanos / 1_000_000_000) as u64, (nanos % 1_000_000_000) as u32);
+            proptest::prop_assert_eq!(parse_duration(&format!("{whole}.{millis:03}{suffix}")), Ok(want));
+            if millis == 0 {
+                proptest::prop_assert_eq!(parse_duration(&format!("{whole}{suffix}")), Ok(want));
+            }
+            if unit == 1 {
+                proptest::prop_assert_eq!(parse_duration(&format!("{whole}.{millis:03}")), Ok(want));
+            }
+        }
+    }
+
     fn lookup(vars: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<&str, &str> = vars.iter().copied().collect();
         move |name| map.get(name).map(|v| v.to_string())
@@ -825,6 +860,16 @@ mod tests {
         let mut env = Env::new(&get);
         let b = env.required("B", |v| v.parse::<u8>().map_err(|e| e.to_string()));
         assert_eq!(env.finish_with(b).unwrap_err().names(), ["B"]);
+    }
+
+    #[test]
+    fn verbatim_keeps_blanks_inside_a_value_and_blank_is_unset() {
+        let get = lookup(&[("P", " s3cret "), ("B", " \t ")]);
+        let env = Env::new(&get);
+        assert_eq!(env.verbatim("P").as_deref(), Some(" s3cret "));
+        assert_eq!(env.value("P").as_deref(), Some("s3cret"));
+        assert_eq!(env.verbatim("B"), None);
+        assert_eq!(env.verbatim("UNSET"), None);
     }
 
     const TABLE: &[VarDoc] = &[

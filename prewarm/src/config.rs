@@ -1,14 +1,15 @@
 //! Everything `runr-prewarm` reads from the environment, parsed in one place.
 //!
 //! [`Config::from_lookup`] reads through a closure (the real environment in `main`, a map in
-//! tests) and collects every bad variable before failing, so one failed Job start shows every
-//! mistake.
+//! tests) with [`runr_base::env::Env`], the grammar every binary shares (durations, counts,
+//! flags; an empty value is unset), and collects every bad variable before failing, so one
+//! failed Job start shows every mistake. [`VARS`] is the table `help`/`version` print.
 
 use std::fmt;
 use std::time::Duration;
 
+use runr_base::env::{ConfigErrors, Env, VarDoc};
 pub use runr_registry::reference::ImageRef;
-pub use runr_registry::ConfigError;
 use runr_registry::RegistryConfig;
 
 /// The cache registry to warm, `host[:port]` (required). TLS unless `RUNR_REGISTRY_PLAIN_HTTP=1`.
@@ -50,6 +51,40 @@ pub const ENV_LOG: &str = "RUNR_PREWARM_LOG";
 /// Default of [`ENV_LOG`].
 pub const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
+/// prewarm's own variables, for `help`/`version` (the shared `RUNR_REGISTRY_*` ones are
+/// [`runr_registry::config::VARS`]). A test checks the defaults shown here are the parser's.
+pub const VARS: &[VarDoc] = &[
+    VarDoc::required(ENV_REGISTRY, "the cache, host[:port]"),
+    VarDoc::required(
+        ENV_IMAGES,
+        "repository:tag or repository@sha256:…, separated by commas, spaces or newlines",
+    ),
+    VarDoc::new(
+        ENV_PLATFORMS,
+        "all",
+        "platforms of an index to warm, os/arch[/variant],… or all",
+    ),
+    VarDoc::new(ENV_ATTEMPTS, "3", "tries per image, 1 to 100"),
+    VarDoc::new(ENV_WAIT, "300s", "wait for the registry to answer GET /v2/"),
+    VarDoc::new(
+        ENV_CONCURRENCY,
+        "4",
+        "blobs fetched at once across images, 1 to 64",
+    ),
+    VarDoc::new(
+        ENV_TIMEOUT,
+        "1800s",
+        "time per image, all attempts included",
+    ),
+    VarDoc::new(ENV_BACKOFF, "5s", "first pause between attempts, doubling"),
+    VarDoc::new(
+        ENV_CONFIRM_WAIT,
+        "60s",
+        "wait for the cache to store what it served",
+    ),
+    VarDoc::new(ENV_LOG, "info", "error, warn, info or debug"),
+];
+
 /// Everything the run needs, parsed and checked.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -79,87 +114,34 @@ pub struct Config {
 
 impl Config {
     /// Reads every variable through `get`; returns all bad variables, not only the first.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, Vec<ConfigError>> {
-        let mut errors = Vec::new();
-        let access = RegistryConfig::from_lookup(&get, &mut errors);
-        let registry = match get(ENV_REGISTRY) {
-            Some(v) => match parse_registry(&v) {
-                Ok(host) => host,
-                Err(reason) => {
-                    errors.push(ConfigError::new(ENV_REGISTRY, v, reason));
-                    String::new()
-                }
-            },
-            None => {
-                errors.push(ConfigError::new(
-                    ENV_REGISTRY,
-                    "",
-                    "is required: the cache registry as host[:port]",
-                ));
-                String::new()
-            }
-        };
-        let images = match get(ENV_IMAGES) {
-            Some(v) => match parse_images(&v) {
-                Ok(images) => images,
-                Err(reason) => {
-                    errors.push(ConfigError::new(ENV_IMAGES, v, reason));
-                    Vec::new()
-                }
-            },
-            None => {
-                errors.push(ConfigError::new(
-                    ENV_IMAGES,
-                    "",
-                    "is required: repository:tag or repository@sha256:… entries",
-                ));
-                Vec::new()
-            }
-        };
-        let platforms = parsed(&get, &mut errors, ENV_PLATFORMS, Platforms::All, |v| {
-            Platforms::parse(v)
-        });
-        let attempts = parsed(&get, &mut errors, ENV_ATTEMPTS, DEFAULT_ATTEMPTS, |v| {
-            parse_count(v, 100)
-        });
-        let concurrency = parsed(
-            &get,
-            &mut errors,
-            ENV_CONCURRENCY,
-            DEFAULT_CONCURRENCY,
-            |v| parse_count(v, 64).map(|n| n as usize),
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut env = Env::new(&get);
+        let access = RegistryConfig::read(&mut env);
+        let registry = required(
+            &mut env,
+            ENV_REGISTRY,
+            "required: the cache registry as host[:port]",
+            parse_registry,
         );
-        let wait = parsed(&get, &mut errors, ENV_WAIT, DEFAULT_WAIT, parse_duration);
-        let timeout = parsed(&get, &mut errors, ENV_TIMEOUT, DEFAULT_TIMEOUT, |v| {
-            parse_duration(v).and_then(nonzero)
-        });
-        let backoff = parsed(
-            &get,
-            &mut errors,
-            ENV_BACKOFF,
-            DEFAULT_BACKOFF,
-            parse_duration,
+        let images = required(
+            &mut env,
+            ENV_IMAGES,
+            "required: repository:tag or repository@sha256:… entries",
+            parse_images,
         );
-        let confirm_wait = parsed(
-            &get,
-            &mut errors,
-            ENV_CONFIRM_WAIT,
-            DEFAULT_CONFIRM_WAIT,
-            parse_duration,
+        let platforms = env.parse(ENV_PLATFORMS, Platforms::All, Platforms::parse);
+        let attempts = env.count(ENV_ATTEMPTS, DEFAULT_ATTEMPTS, 1..=100);
+        let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=64);
+        let wait = env.duration(ENV_WAIT, DEFAULT_WAIT);
+        let timeout = env.duration_in(
+            ENV_TIMEOUT,
+            DEFAULT_TIMEOUT,
+            Duration::from_nanos(1)..=Duration::MAX,
         );
-        let log = parsed(&get, &mut errors, ENV_LOG, DEFAULT_LOG, |v| {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "error" => Ok(tracing::Level::ERROR),
-                "warn" => Ok(tracing::Level::WARN),
-                "info" => Ok(tracing::Level::INFO),
-                "debug" => Ok(tracing::Level::DEBUG),
-                _ => Err("expected error, warn, info or debug".to_string()),
-            }
-        });
-        if !errors.is_empty() {
-            return Err(errors);
-        }
-        Ok(Config {
+        let backoff = env.duration(ENV_BACKOFF, DEFAULT_BACKOFF);
+        let confirm_wait = env.duration(ENV_CONFIRM_WAIT, DEFAULT_CONFIRM_WAIT);
+        let log = env.level(ENV_LOG, DEFAULT_LOG);
+        let config = registry.zip(images).map(|(registry, images)| Config {
             registry,
             access,
             images,
@@ -171,26 +153,23 @@ impl Config {
             backoff,
             confirm_wait,
             log,
-        })
+        });
+        env.finish_with(config)
     }
 }
 
-/// Reads optional variable `name` with `parse`, falling back to `default` when it is unset or
-/// empty, and recording a refusal in `errors`.
-fn parsed<T>(
-    get: &impl Fn(&str) -> Option<String>,
-    errors: &mut Vec<ConfigError>,
+/// A required variable whose refusal when unset says what to write.
+fn required<T>(
+    env: &mut Env<'_>,
     name: &'static str,
-    default: T,
+    when_unset: &str,
     parse: impl FnOnce(&str) -> Result<T, String>,
-) -> T {
-    match get(name).filter(|v| !v.trim().is_empty()) {
-        Some(v) => parse(&v).unwrap_or_else(|reason| {
-            errors.push(ConfigError::new(name, v, reason));
-            default
-        }),
-        None => default,
+) -> Option<T> {
+    if env.value(name).is_none() {
+        env.reject(name, None, when_unset);
+        return None;
     }
+    env.optional(name, parse)
 }
 
 /// `host[:port]`, nothing else: the scheme comes from `RUNR_REGISTRY_PLAIN_HTTP`.
@@ -211,43 +190,6 @@ fn parse_registry(v: &str) -> Result<String, String> {
         return Err("expected host[:port]".into());
     }
     Ok(v.to_string())
-}
-
-/// A whole number in `1..=max`.
-fn parse_count(v: &str, max: u32) -> Result<u32, String> {
-    match v.trim().parse::<u32>() {
-        Ok(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(format!("expected a whole number from 1 to {max}")),
-    }
-}
-
-fn nonzero(d: Duration) -> Result<Duration, String> {
-    if d.is_zero() {
-        Err("must be more than zero".into())
-    } else {
-        Ok(d)
-    }
-}
-
-/// A duration with a unit (`250ms`, `30s`, `5m`, `1h`); a bare number counts as seconds, the
-/// unit the issue gives for the wait and the timeout.
-pub fn parse_duration(v: &str) -> Result<Duration, String> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: u32 = num
-        .parse()
-        .map_err(|_| "expected a duration like 500ms, 30s, 5m or 1h (bare numbers are seconds)")?;
-    let per_unit = match unit {
-        "ms" => Duration::from_millis(1),
-        "" | "s" => Duration::from_secs(1),
-        "m" => Duration::from_secs(60),
-        "h" => Duration::from_secs(3600),
-        _ => return Err(format!("unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    per_unit
-        .checked_mul(n)
-        .ok_or_else(|| "duration too large".to_string())
 }
 
 /// Splits the image list on commas, spaces and newlines. An entry that is empty (`a,,b`, a
@@ -362,11 +304,12 @@ impl fmt::Display for Platforms {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runr_base::env::{names_read, unlisted, DefaultValue};
     use std::collections::HashMap;
 
     const DIGEST: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
-    fn config(vars: &[(&str, &str)]) -> Result<Config, Vec<ConfigError>> {
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -374,8 +317,8 @@ mod tests {
         Config::from_lookup(|name| map.get(name).cloned())
     }
 
-    fn names(errors: &[ConfigError]) -> Vec<&'static str> {
-        errors.iter().map(|e| e.name).collect()
+    fn names(errors: &ConfigErrors) -> Vec<&'static str> {
+        errors.names()
     }
 
     #[test]
@@ -419,7 +362,11 @@ mod tests {
         for (value, needle) in [
             ("python:3.12,,node:22", "entry 2 is empty"),
             ("python:3.12,", "entry 2 is empty"),
-            ("  ", "is empty"),
+            // Blank is unset for every variable of every binary, so this one is missing.
+            (
+                "  ",
+                "RUNR_PREWARM_IMAGES=<unset>: required: repository:tag",
+            ),
             ("python", "\"python\": expected repository:tag"),
             ("Python:3", "\"Python:3\": not an image reference"),
             ("python@sha256:abc", "not an image reference"),
@@ -427,9 +374,9 @@ mod tests {
             let errors = config(&[(ENV_REGISTRY, "r:5000"), (ENV_IMAGES, value)]).unwrap_err();
             assert_eq!(names(&errors), [ENV_IMAGES], "{value}");
             assert!(
-                errors[0].to_string().contains(needle),
+                errors.0[0].to_string().contains(needle),
                 "{value}: {}",
-                errors[0]
+                errors.0[0]
             );
         }
     }
@@ -445,7 +392,7 @@ mod tests {
             (ENV_CONCURRENCY, "many"),
             (ENV_TIMEOUT, "0"),
             (ENV_LOG, "loud"),
-            ("RUNR_REGISTRY_PLAIN_HTTP", "yes"),
+            ("RUNR_REGISTRY_PLAIN_HTTP", "maybe"),
         ])
         .unwrap_err();
         assert_eq!(
@@ -462,7 +409,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            errors[3].to_string(),
+            errors.0[3].to_string(),
             "RUNR_PREWARM_ATTEMPTS=\"0\": expected a whole number from 1 to 100"
         );
     }
@@ -470,6 +417,12 @@ mod tests {
     #[test]
     fn missing_required_variables() {
         let errors = config(&[]).unwrap_err();
+        assert_eq!(names(&errors), [ENV_REGISTRY, ENV_IMAGES]);
+        assert_eq!(
+            errors.0[0].to_string(),
+            "RUNR_PREWARM_REGISTRY=<unset>: required: the cache registry as host[:port]"
+        );
+        let errors = config(&[(ENV_REGISTRY, ""), (ENV_IMAGES, "\n")]).unwrap_err();
         assert_eq!(names(&errors), [ENV_REGISTRY, ENV_IMAGES]);
     }
 
@@ -489,15 +442,75 @@ mod tests {
         }
     }
 
+    /// Every form the durations took before the grammar was shared still reads the same, and
+    /// the shared grammar's additions (decimals, exponents, any number of seconds) are accepted.
     #[test]
-    fn durations_per_unit() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "1.5s", "-1", "5d", "99999999999"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
+    fn durations_through_the_shared_grammar() {
+        let registry = [(ENV_REGISTRY, "r:5000"), (ENV_IMAGES, "a:1")];
+        for (text, want) in [
+            ("250ms", Duration::from_millis(250)),
+            ("30", Duration::from_secs(30)),
+            ("30s", Duration::from_secs(30)),
+            ("5m", Duration::from_secs(300)),
+            ("1h", Duration::from_secs(3600)),
+            ("0", Duration::ZERO),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2.5", Duration::from_millis(2500)),
+            ("99999999999", Duration::from_secs(99_999_999_999)),
+            ("+30", Duration::from_secs(30)),
+            ("1e3", Duration::from_secs(1000)),
+        ] {
+            let mut vars = registry.to_vec();
+            vars.push((ENV_WAIT, text));
+            assert_eq!(config(&vars).unwrap().wait, want, "{text}");
+        }
+        for bad in ["s", "-1", "5d", "5 minutes", "1e"] {
+            let mut vars = registry.to_vec();
+            vars.push((ENV_WAIT, bad));
+            assert_eq!(names(&config(&vars).unwrap_err()), [ENV_WAIT], "{bad}");
+        }
+        // Empty is unset: the default.
+        let mut vars = registry.to_vec();
+        vars.push((ENV_WAIT, ""));
+        assert_eq!(config(&vars).unwrap().wait, DEFAULT_WAIT);
+    }
+
+    /// The defaults `help` shows are the ones the parser uses: setting every variable to the
+    /// value its row shows gives the same configuration as setting none.
+    #[test]
+    fn the_table_shows_the_parsers_defaults() {
+        let required = [(ENV_REGISTRY, "r:5000"), (ENV_IMAGES, "a:1")];
+        let mut shown = required.to_vec();
+        for row in VARS.iter().chain(runr_registry::config::VARS) {
+            if let DefaultValue::Is(v) = row.default {
+                shown.push((row.name, v));
+            }
+        }
+        assert!(shown.len() >= 10, "{shown:?}");
+        let by_table = format!("{:?}", config(&shown).unwrap());
+        assert_eq!(by_table, format!("{:?}", config(&required).unwrap()));
+    }
+
+    /// Every variable the parser asks for is in one of the two tables `help` prints.
+    #[test]
+    fn every_variable_read_is_in_the_tables() {
+        let read = names_read(&[], |get| {
+            let _ = Config::from_lookup(get);
+        });
+        assert!(read.iter().any(|n| n == ENV_CONFIRM_WAIT), "{read:?}");
+        assert!(
+            read.iter().any(|n| n == "RUNR_REGISTRY_CA_FILE"),
+            "{read:?}"
+        );
+        let tables = [VARS, runr_registry::config::VARS];
+        assert_eq!(unlisted(&tables, &read), Vec::<String>::new());
+        // And nothing in the tables goes unread.
+        for row in tables.iter().flat_map(|t| t.iter()) {
+            assert!(
+                read.iter().any(|n| n == row.name),
+                "{} is never read",
+                row.name
+            );
         }
     }
 
@@ -512,11 +525,6 @@ mod tests {
                     proptest::prop_assert!(!image.repository.is_empty());
                 }
             }
-        }
-
-        #[test]
-        fn durations_never_panic(text in "\\PC{0,12}") {
-            let _ = parse_duration(&text);
         }
 
         #[test]

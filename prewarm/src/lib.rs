@@ -13,7 +13,6 @@ pub mod blobs;
 pub mod cache;
 pub mod config;
 pub mod image;
-pub mod log;
 pub mod readiness;
 pub mod summary;
 
@@ -21,16 +20,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::future::join_all;
+use runr_base::log::LogFormat;
 
 pub use config::Config;
+pub use runr_base::EXIT_CONFIG;
 pub use summary::Summary;
+
+/// prewarm's log lines on stderr (stdout carries only the JSON summary): prefixed, INFO named
+/// like every other level, no timestamps since the Job's log collector adds its own.
+pub const LOG_FORMAT: LogFormat = LogFormat {
+    prefix: "runr-prewarm",
+    info_level: true,
+    timestamps: false,
+};
 
 /// Every image was warmed.
 pub const EXIT_OK: u8 = 0;
 /// At least one image failed; the next region:reconcile starts the Job again.
 pub const EXIT_FAILED: u8 = 1;
-/// Bad configuration.
-pub const EXIT_CONFIG: u8 = 2;
 
 /// The client could not be set up from the configuration (e.g. a malformed CA file).
 #[derive(Debug, thiserror::Error)]

@@ -352,13 +352,29 @@ fn bad_configuration_exits_2_naming_each_variable() {
 }
 
 #[test]
-fn version_subcommand() {
-    let done = Prewarm::start(&[], &["version"]).finish(Duration::from_secs(10));
-    assert_eq!(done.code, 0, "{done:?}");
+fn version_and_help_print_the_version_and_every_variable() {
+    let version = Prewarm::start(&[], &["version"]).finish(Duration::from_secs(10));
+    assert_eq!(version.code, 0, "{version:?}");
     assert_eq!(
-        done.stdout.trim(),
-        format!("runr-prewarm {}", env!("CARGO_PKG_VERSION"))
+        version.stdout.lines().next(),
+        Some(format!("runr-prewarm {}", env!("CARGO_PKG_VERSION")).as_str()),
+        "{version:?}"
     );
+    let tables = [runr_prewarm::config::VARS, runr_registry::config::VARS];
+    for row in tables.iter().flat_map(|t| t.iter()) {
+        let line = version
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{} ", row.name)))
+            .unwrap_or_else(|| panic!("{} is not listed: {version:?}", row.name));
+        assert!(line.contains(row.meaning), "{line}");
+    }
+    assert!(
+        version.stdout.contains("RUNR_PREWARM_WAIT") && version.stdout.contains("(default: 300s)"),
+        "{version:?}"
+    );
+    let help = Prewarm::start(&[], &["help"]).finish(Duration::from_secs(10));
+    assert_eq!((help.code, &help.stdout), (0, &version.stdout), "{help:?}");
 }
 
 #[test]
