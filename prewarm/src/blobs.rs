@@ -7,7 +7,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+use runr_registry::Sha256Hasher;
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 use tokio::task::JoinSet;
 
@@ -242,7 +242,7 @@ pub async fn warm_blob(cache: &Cache, repository: &str, blob: &Blob) -> BlobResu
     }
     let started = Instant::now();
     let mut last_report = started;
-    let mut hasher = Sha256::new();
+    let mut hasher = Sha256Hasher::new();
     let mut bytes = 0u64;
     while let Some(chunk) = next_chunk(&mut resp, &what, bytes).await? {
         bytes += chunk.len() as u64;
@@ -272,7 +272,7 @@ pub async fn warm_blob(cache: &Cache, repository: &str, blob: &Blob) -> BlobResu
             actual: bytes,
         });
     }
-    let actual = format!("sha256:{}", hex(&hasher.finalize()));
+    let actual = hasher.finish();
     if actual != blob.digest {
         return Err(FetchError::DigestMismatch {
             what,
@@ -303,16 +303,6 @@ pub async fn is_stored(cache: &Cache, repository: &str, blob: &Blob) -> Result<b
     Ok(true)
 }
 
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,13 +321,5 @@ mod tests {
             .collect();
         let order: Vec<u64> = std::iter::from_fn(|| heap.pop().map(|j| j.seq)).collect();
         assert_eq!(order, [2, 4, 1, 3]);
-    }
-
-    #[test]
-    fn hex_digest() {
-        assert_eq!(
-            format!("sha256:{}", hex(&Sha256::digest(b""))),
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
     }
 }

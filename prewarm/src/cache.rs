@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE};
 use reqwest::{RequestBuilder, Response, StatusCode};
+use runr_base::fmt::error_chain;
 use runr_registry::oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
     OCI_IMAGE_MEDIA_TYPE,
@@ -445,22 +446,6 @@ fn header(resp: &Response, name: &str) -> Option<String> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-}
-
-/// The error with its causes, `a: b: c`, since reqwest's own Display hides the interesting part
-/// ("connection refused") in the source chain.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let msg = s.to_string();
-        if !text.contains(&msg) {
-            text.push_str(": ");
-            text.push_str(&msg);
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -11,10 +11,9 @@ use runr_registry::oci_client::manifest::{
     OciImageIndex, OciImageManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE,
     OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
 };
-use runr_registry::{is_sha256, Backoff};
-use sha2::{Digest, Sha256};
+use runr_registry::{is_sha256, sha256_digest, Backoff};
 
-use crate::blobs::{hex, Blob, Fetcher, Warmed};
+use crate::blobs::{Blob, Fetcher, Warmed};
 use crate::cache::{blob_what, Cache, FetchError, RawManifest};
 use crate::config::{Config, ImageRef, Platforms};
 use crate::readiness::Readiness;
@@ -312,7 +311,7 @@ fn manifest_digest(
     pinned: Option<&str>,
     what: &str,
 ) -> Result<String, FetchError> {
-    let actual = format!("sha256:{}", hex(&Sha256::digest(&raw.body)));
+    let actual = sha256_digest(&raw.body);
     for expected in [pinned, raw.digest_header.as_deref()].into_iter().flatten() {
         if expected.starts_with("sha256:") && expected != actual {
             return Err(FetchError::DigestMismatch {
