@@ -1,10 +1,10 @@
 //! OCI registry access shared by `runr-image-upload` and `runr-prewarm` (and nothing else: the
 //! wrapper is copied into every pod and must stay small).
 //!
-//! - [`config`]: the registry variables both binaries read (`RUNR_REGISTRY_*`), parsed from a
-//!   lookup so tests pass a map;
+//! - [`config`]: the registry variables both binaries read (`RUNR_REGISTRY_*`), through
+//!   `runr_base::env` like every other variable, and their rows of the `help` table;
 //! - [`client`]: an [`oci_client::Client`] built for a scratch image (built-in roots, ring);
-//! - [`reference`]: image references (prewarm's images, the receiver's push target and upload
+//! - [`reference`](mod@reference): image references (prewarm's images, the receiver's push target and upload
 //!   name, names inside archives) on top of `oci_spec`'s reference grammar;
 //! - [`digest`]: `sha256:<hex>` digests: the one check, parsing a typed one, computing one;
 //! - [`retry`]: which failures are worth another attempt and how long to wait before it;
