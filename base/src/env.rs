@@ -228,6 +228,14 @@ impl<'a> Env<'a> {
 
     /// Records that `name` (holding `value`) is bad.
     pub fn reject(&mut self, name: &'static str, value: Option<&str>, reason: impl Into<String>) {
+        self.push_error(name, value, reason.into());
+    }
+
+    // Out of line and cold: a bad variable ends the process, and each binary reads dozens of
+    // variables whose readers would otherwise all carry a copy of this.
+    #[cold]
+    #[inline(never)]
+    fn push_error(&mut self, name: &'static str, value: Option<&str>, reason: String) {
         self.errors.push(ConfigError::new(name, value, reason));
     }
 
