@@ -64,7 +64,7 @@ fn run() -> ExitCode {
             })
         }
         Err(e) => {
-            tracing::error!("{}", runr_base::fmt::error_chain(&e));
+            tracing::error!("{e}");
             ExitCode::from(EXIT_CONFIG)
         }
     }
