@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use runr_registry::{ConfigError, RegistryConfig};
 
-pub use crate::pipeline::Compress;
+pub use crate::image::pipeline::Compress;
 
 /// Port the receiver listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";

@@ -2,21 +2,18 @@
 //! their byte offsets, verifies its size and SHA-256, works out what it is and pushes it into
 //! the region's OCI registry.
 //!
-//! Upload half: [`config`] (every variable of `serve`), [`ranges`] (the merged byte ranges
-//! held), [`upload`] (data file, state file, running digest, life cycle), [`status`] (what
-//! `GET /status` answers), [`server`] (the HTTP API).
-//! Image half: [`pipeline`] (what happens to a verified file), [`fetch`] (pull a wasm module).
+//! Two halves that meet in one place, [`serve`], where the processor the upload calls on
+//! `complete` is the image pipeline:
+//! - the upload half (`upload/`): the merged byte ranges held, the state kept on disk, the
+//!   running digest, and the HTTP API the control plane talks to;
+//! - the image half ([`image`]): reading spans of the archive in place, detecting the format,
+//!   compressing classic layers, pushing into the registry, and `fetch` for wasm modules.
+//!
+//! Neither half imports the other; [`config`] reads every variable once, above both.
 
 #![forbid(unsafe_code)]
 
-pub mod archive;
 pub mod config;
-pub mod fetch;
-pub mod formats;
-pub mod pipeline;
-pub mod push;
-pub mod ranges;
-pub mod reference;
-pub mod server;
-pub mod status;
-pub mod upload;
+pub mod image;
+pub mod serve;
+mod upload;

@@ -45,7 +45,7 @@ fn serve() -> ExitCode {
     };
     init_logs(config.log_level);
     let result = runtime().and_then(|rt| {
-        rt.block_on(runr_image_upload::server::serve(config))
+        rt.block_on(runr_image_upload::serve::serve(config))
             .map_err(anyhow::Error::from)
     });
     match result {
@@ -69,8 +69,10 @@ fn fetch(reference: &str, dest: &Path) -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
     let result = runtime().and_then(|rt| {
-        rt.block_on(runr_image_upload::fetch::fetch(reference, dest, &registry))
-            .map_err(anyhow::Error::from)
+        rt.block_on(runr_image_upload::image::fetch::fetch(
+            reference, dest, &registry,
+        ))
+        .map_err(anyhow::Error::from)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use runr_image_upload::archive::Archive;
-use runr_image_upload::pipeline::{
+use runr_image_upload::image::pipeline::{
     process, process_with, Compress, ImageInfo, Kind, ProcessOptions, SourceFormat,
 };
 use runr_registry::{Backoff, RegistryConfig};
@@ -423,7 +422,7 @@ async fn wasm_module_is_pushed_and_fetched_back() {
         plain_http: true,
         ..RegistryConfig::default()
     };
-    runr_image_upload::fetch::fetch(&info.image_ref, &dest, &cfg)
+    runr_image_upload::image::fetch::fetch(&info.image_ref, &dest, &cfg)
         .await
         .unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&path).unwrap());
@@ -450,7 +449,7 @@ async fn wasm_module_is_pushed_and_fetched_back() {
     let pushed = process(&img, &options(&c2, &img, None, Compress::Gzip))
         .await
         .unwrap();
-    let err = runr_image_upload::fetch::fetch(&pushed.tag_ref, &dest, &cfg)
+    let err = runr_image_upload::image::fetch::fetch(&pushed.tag_ref, &dest, &cfg)
         .await
         .unwrap_err();
     assert!(
@@ -484,23 +483,37 @@ fn tar_dir(dir: &Path) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// Where the regular file `name` sits in the tar `archive` (read with the `tar` crate, not the
+/// receiver's own index), and its bytes.
+fn tar_entry(archive: &Path, name: &str) -> (u64, Vec<u8>) {
+    let mut a = tar::Archive::new(std::fs::File::open(archive).unwrap());
+    for entry in a.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        if path.trim_start_matches("./") == name {
+            let offset = entry.raw_file_position();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            return (offset, data);
+        }
+    }
+    panic!("{name} is not in {}", archive.display());
+}
+
 /// A copy of `file` with one byte changed in the middle of archive entry `entry`.
 fn corrupt(file: &Path, entry: &str) -> Vec<u8> {
-    let span = Archive::open(file).unwrap().find(entry).unwrap();
+    let (offset, bytes) = tar_entry(file, entry);
     let mut data = std::fs::read(file).unwrap();
-    data[(span.offset + span.len / 2) as usize] ^= 0x55;
+    data[(offset + bytes.len() as u64 / 2) as usize] ^= 0x55;
     data
 }
 
 fn first_layer(archive: &Path) -> String {
-    let a = Archive::open(archive).unwrap();
-    let index: Value = serde_json::from_slice(&a.read("index.json", 1 << 20).unwrap()).unwrap();
+    let index: Value = serde_json::from_slice(&tar_entry(archive, "index.json").1).unwrap();
     let m = index["manifests"][0]["digest"].as_str().unwrap();
-    let manifest: Value = serde_json::from_slice(
-        &a.read(&format!("blobs/sha256/{}", &m[7..]), 1 << 20)
-            .unwrap(),
-    )
-    .unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&tar_entry(archive, &format!("blobs/sha256/{}", &m[7..])).1)
+            .unwrap();
     manifest["layers"][0]["digest"]
         .as_str()
         .unwrap()
@@ -508,8 +521,7 @@ fn first_layer(archive: &Path) -> String {
 }
 
 fn docker_raw_layer(archive: &Path) -> String {
-    let a = Archive::open(archive).unwrap();
-    let m: Value = serde_json::from_slice(&a.read("manifest.json", 1 << 20).unwrap()).unwrap();
+    let m: Value = serde_json::from_slice(&tar_entry(archive, "manifest.json").1).unwrap();
     m[0]["Layers"][0].as_str().unwrap().to_string()
 }
 

@@ -30,8 +30,8 @@ use runr_registry::{
 };
 use sha2::{Digest as _, Sha256};
 
-use crate::archive::Span;
-use crate::formats::{hex, media, RawManifest};
+use crate::image::archive::Span;
+use crate::image::formats::{hex, media, RawManifest};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
@@ -112,11 +112,6 @@ impl Pusher {
             target,
             backoff,
         })
-    }
-
-    /// The target reference.
-    pub fn target(&self) -> &Reference {
-        &self.target
     }
 
     /// `host/repository:tag`.

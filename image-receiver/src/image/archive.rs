@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Seek};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+
 use std::sync::Arc;
 
 use tar::EntryType;
@@ -106,8 +106,9 @@ pub struct Archive {
 }
 
 impl Archive {
-    /// Opens `path` and indexes it.
-    pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
+    /// Opens `path` and indexes it (the pipeline indexes the file it opened itself).
+    #[cfg(test)]
+    pub fn open(path: &std::path::Path) -> Result<Archive, ArchiveError> {
         let file = File::open(path).map_err(ArchiveError::Read)?;
         Self::index(file)
     }

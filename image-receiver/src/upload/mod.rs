@@ -4,8 +4,10 @@
 //!
 //! Files, both in `RUNR_UPLOAD_DIR` and nowhere else:
 //! - [`DATA_FILE`]: the upload itself, written with `pwrite` at each chunk's offset;
-//! - [`STATE_FILE`]: JSON with the declared size and digest, the byte ranges held, and the
-//!   state (`open`, `verifying`, `pushing`, `completed`, `failed`) with its message and image.
+//! - [`STATE_FILE`]: the byte ranges held and the state ([`state`]).
+//!
+//! Modules: [`ranges`] (the merged byte ranges), [`state`] (what `GET /status` says and the
+//! state file), [`hasher`] (the running SHA-256), [`server`] (the HTTP API).
 //!
 //! Crash safety: a range enters the state file only after `pwrite` returned for every byte of
 //! it, and the state file is replaced by rename, so it never claims bytes that are not in the
@@ -25,26 +27,22 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use self::hasher::Hasher;
+use self::ranges::Ranges;
+use self::state::{read_state, write_state, Persisted, Phase, State, Status, STATE_FILE};
 
-use crate::ranges::Ranges;
-use crate::status::{State, Status};
+pub(crate) mod hasher;
+pub(crate) mod ranges;
+pub(crate) mod server;
+pub(crate) mod state;
 
 /// The uploaded file, inside the upload directory.
 pub const DATA_FILE: &str = "upload.data";
-/// The ranges held and the upload's state, inside the upload directory.
-pub const STATE_FILE: &str = "upload.state.json";
-/// Written then renamed over [`STATE_FILE`].
-const STATE_TMP: &str = "upload.state.json.tmp";
 
 /// Largest chunk accepted (`413` above).
 pub const MAX_CHUNK: u64 = 16 * 1024 * 1024;
-
-/// How much the hasher reads at a time.
-const HASH_BLOCK: usize = 1024 * 1024;
 
 /// What happens to the verified file: detect, push, read back (the pipeline in production, a
 /// closure in unit tests). `Ok` is the status's `image`, `Err` its `message`.
@@ -127,28 +125,6 @@ pub enum Completion {
     Working(Status),
     /// The work is over (`200`).
     Done(Status),
-}
-
-/// Where the upload is, as persisted (ready and receiving are both `open`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Phase {
-    Open,
-    Verifying,
-    Pushing,
-    Completed,
-    Failed,
-}
-
-/// The state file's content.
-#[derive(Debug, Serialize, Deserialize)]
-struct Persisted {
-    size: u64,
-    sha256: String,
-    phase: Phase,
-    ranges: Ranges,
-    message: Option<String>,
-    image: Option<serde_json::Value>,
 }
 
 /// The mutable part of the upload, under one lock that is never held across an await or I/O
@@ -267,11 +243,6 @@ impl Upload {
             source,
         })?;
         Ok(upload)
-    }
-
-    /// The data file.
-    pub fn data_path(&self) -> &Path {
-        &self.data_path
     }
 
     /// The declared size.
@@ -527,20 +498,18 @@ impl Upload {
     /// Replaces the state file with the current state.
     fn persist(&self) -> io::Result<()> {
         let _guard = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let json = {
+        let state = {
             let inner = self.lock();
-            serde_json::to_vec(&Persisted {
+            Persisted {
                 size: self.size,
                 sha256: self.sha256.clone(),
                 phase: inner.phase,
                 ranges: inner.received.clone(),
                 message: inner.message.clone(),
                 image: inner.image.clone(),
-            })?
+            }
         };
-        let tmp = self.dir.join(STATE_TMP);
-        std::fs::write(&tmp, json)?;
-        std::fs::rename(&tmp, self.dir.join(STATE_FILE))
+        write_state(&self.dir, &state)
     }
 
     fn persist_or_log(&self) {
@@ -552,9 +521,7 @@ impl Upload {
 
 impl Drop for Upload {
     fn drop(&mut self) {
-        let mut s = self.hasher.lock();
-        s.stop = true;
-        self.hasher.changed.notify_all();
+        self.hasher.stop();
     }
 }
 
@@ -564,33 +531,6 @@ enum Verification {
     Mismatch(String),
     /// The file could not be read: the upload fails.
     Unreadable(String),
-}
-
-/// The state file's content, when it belongs to this upload.
-fn read_state(path: &Path, size: u64, sha256: &str) -> Option<Persisted> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read the state file: starting over");
-            return None;
-        }
-    };
-    match serde_json::from_slice::<Persisted>(&bytes) {
-        Ok(p) if p.size == size && p.sha256 == sha256 => Some(p),
-        Ok(p) => {
-            tracing::warn!(
-                old_size = p.size,
-                old_sha256 = %p.sha256,
-                "the upload directory holds another upload: starting over"
-            );
-            None
-        }
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "the state file is damaged: starting over");
-            None
-        }
-    }
 }
 
 fn status_of(inner: &Inner, size: u64) -> Status {
@@ -689,143 +629,11 @@ impl Drop for ChunkWriter {
     }
 }
 
-// === impl Hasher ===
-
-/// SHA-256 of the contiguous prefix, computed on its own thread as the prefix grows.
-struct Hasher {
-    shared: Mutex<HashShared>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct HashShared {
-    /// Generation of the upload the hasher works on.
-    generation: u64,
-    /// End of the contiguous prefix: the hasher may read up to here.
-    target: u64,
-    /// Bytes hashed so far (of `generation`).
-    hashed: u64,
-    /// Hex digest once `hashed` reached the size.
-    digest: Option<String>,
-    /// A read error, for the verification to report.
-    error: Option<String>,
-    /// The upload is gone: the thread ends.
-    stop: bool,
-}
-
-impl Hasher {
-    fn start(file: File, size: u64) -> io::Result<Arc<Hasher>> {
-        let hasher = Arc::new(Hasher {
-            shared: Mutex::new(HashShared::default()),
-            changed: Condvar::new(),
-        });
-        let h = hasher.clone();
-        // A plain thread: it blocks on reads and on the condvar, and the second core is its.
-        std::thread::Builder::new()
-            .name("sha256".into())
-            .spawn(move || h.run(file, size))?;
-        Ok(hasher)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashShared> {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The contiguous prefix of `generation` now ends at `target`.
-    fn advance(&self, generation: u64, target: u64) {
-        let mut s = self.lock();
-        if generation >= s.generation && target > s.target {
-            s.generation = generation;
-            s.target = target;
-            self.changed.notify_all();
-        }
-    }
-
-    /// Starts over (the upload was reopened).
-    fn reset(&self) {
-        let mut s = self.lock();
-        s.generation += 1;
-        s.target = 0;
-        s.hashed = 0;
-        s.digest = None;
-        s.error = None;
-        self.changed.notify_all();
-    }
-
-    /// Blocks until the whole file is hashed; its hex digest, or why it could not be read.
-    fn wait_final(&self) -> Result<String, String> {
-        let mut s = self.lock();
-        loop {
-            if let Some(e) = &s.error {
-                return Err(e.clone());
-            }
-            if let Some(d) = &s.digest {
-                return Ok(d.clone());
-            }
-            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn run(&self, file: File, size: u64) {
-        let mut buf = vec![0u8; HASH_BLOCK];
-        let mut sha = Sha256::new();
-        let mut generation = 0;
-        let mut hashed = 0u64;
-        loop {
-            let (from, to) = {
-                let mut s = self.lock();
-                loop {
-                    if s.generation != generation {
-                        generation = s.generation;
-                        sha = Sha256::new();
-                        hashed = 0;
-                    }
-                    if s.stop {
-                        return;
-                    }
-                    if s.target > hashed && s.error.is_none() {
-                        break;
-                    }
-                    s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-                }
-                (hashed, s.target.min(hashed + HASH_BLOCK as u64))
-            };
-            let n = (to - from) as usize;
-            let read = file.read_exact_at(&mut buf[..n], from);
-            let mut s = self.lock();
-            if s.generation != generation {
-                continue;
-            }
-            if let Err(e) = read {
-                s.error = Some(e.to_string());
-                self.changed.notify_all();
-                continue;
-            }
-            sha.update(&buf[..n]);
-            hashed = to;
-            s.hashed = hashed;
-            if hashed == size {
-                s.digest = Some(hex(&sha.clone().finalize()));
-                self.changed.notify_all();
-            }
-        }
-    }
-}
-
-/// Lowercase hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
+    use super::hasher::hex;
     use super::*;
+    use sha2::{Digest, Sha256};
     use std::time::Duration;
 
     fn sha_hex(data: &[u8]) -> String {
@@ -850,7 +658,9 @@ mod tests {
     async fn wait_final(upload: &Upload) -> Status {
         for _ in 0..500 {
             let s = upload.status();
-            if s.status.is_final() || s.status == State::Ready && s.message.is_some() {
+            if matches!(s.status, State::Completed | State::Failed)
+                || s.status == State::Ready && s.message.is_some()
+            {
                 return s;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -867,7 +677,7 @@ mod tests {
         // Overlaps the held part with other bytes: only the new part is written.
         let s = put(&upload, 5, b"xxxxxbbbbb").await;
         assert_eq!((s.uploaded_bytes, s.received_bytes), (15, 15));
-        assert_eq!(std::fs::read(upload.data_path()).unwrap(), data);
+        assert_eq!(std::fs::read(dir.path().join(DATA_FILE)).unwrap(), data);
         match upload.complete(&processor(Ok(serde_json::json!({"digest": "d"})))) {
             Completion::Working(s) => assert_eq!(s.status, State::Verifying),
             other => panic!("{other:?}"),

@@ -10,8 +10,8 @@ use runr_registry::oci_client::Reference;
 use runr_registry::{build_client, is_transient, Backoff, RegistryConfig, Timeouts};
 use serde_json::Value;
 
-use crate::formats::media;
-use crate::push::{error_chain, RETRIES};
+use crate::image::formats::media;
+use crate::image::push::{error_chain, RETRIES};
 
 /// Layer media types accepted as "the module" (ours, and the older wasm-to-oci one).
 const MODULE_TYPES: &[&str] = &[

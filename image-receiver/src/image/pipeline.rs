@@ -17,12 +17,12 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::archive::Span;
-use crate::formats::{
-    self, media, DetectOptions, Detected, DockerImage, DockerLayer, OciImage, RawManifest,
-    WasmModule,
-};
-use crate::push::{PushError, Pusher};
+use crate::image::archive::Span;
+use crate::image::formats::docker::{DockerImage, DockerLayer};
+use crate::image::formats::oci::OciImage;
+use crate::image::formats::wasm::WasmModule;
+use crate::image::formats::{self, media, DetectOptions, Detected, RawManifest};
+use crate::image::push::{PushError, Pusher};
 
 /// How the layers of a classic `docker save` archive are pushed when they arrive uncompressed
 /// (`RUNR_UPLOAD_COMPRESS`). Content that already has a manifest is never recompressed.
@@ -317,7 +317,7 @@ async fn push_docker_layer(
             let name = layer.name.clone();
             let work_dir = work_dir.to_path_buf();
             tokio::task::spawn_blocking(move || {
-                crate::push::compress_layer(&file, span, &diff_id, &name, &work_dir)
+                crate::image::push::compress_layer(&file, span, &diff_id, &name, &work_dir)
             })
             .await
             .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))??

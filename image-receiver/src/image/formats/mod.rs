@@ -1,0 +1,479 @@
+//! What an uploaded file is, detected from its content (never its name), and the image graph to
+//! push: a WebAssembly module, a classic `docker save` archive (also podman's), or an OCI image
+//! layout (also Docker ≥ 25 archives and `ctr export`, where the layout wins over manifest.json),
+//! each possibly inside a whole-archive gzip.
+//!
+//! Everything here is blocking file I/O: callers run it on a blocking thread.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+
+use self::docker::DockerImage;
+use self::oci::OciImage;
+use self::wasm::WasmModule;
+use crate::image::archive::{Archive, ArchiveError, Span};
+use crate::image::reference;
+
+pub(crate) mod docker;
+pub(crate) mod oci;
+pub(crate) mod wasm;
+
+/// JSON documents read from an archive (manifests, indexes, configs) are refused above this.
+pub const MAX_DOCUMENT: u64 = 4 << 20;
+/// Room a whole-archive gzip may take beyond the declared size once decompressed.
+pub const DECOMPRESS_HEADROOM: u64 = 512 << 20;
+
+/// OCI and Docker media types of the documents we walk.
+pub mod media {
+    /// OCI image manifest.
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    /// OCI image index.
+    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    /// Docker image manifest v2 schema 2.
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    /// Docker manifest list.
+    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    /// OCI image config.
+    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    /// Uncompressed OCI layer.
+    pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+    /// gzip'ed OCI layer.
+    pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    /// CNCF wasm artifact config.
+    pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+    /// CNCF wasm artifact layer.
+    pub const WASM_LAYER: &str = "application/wasm";
+}
+
+/// Why a file is not an image we can push; every message names the entry or digest at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// The tar itself is unreadable, truncated or unsafe.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    /// Not a tar, gzip'ed tar or wasm module.
+    #[error("the file is neither a docker save archive, an OCI image layout tar (both possibly gzip'ed) nor a WebAssembly module")]
+    Unrecognized,
+    /// A tar without manifest.json or index.json.
+    #[error("the file is a tar archive but neither a docker save archive (no manifest.json) nor an OCI image layout (no index.json)")]
+    NotAnImageArchive,
+    /// A JSON document is malformed.
+    #[error("{name} in the archive is not valid: {reason}")]
+    Document {
+        /// Which document.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Something a manifest names is not in the file.
+    #[error("{what} {digest} is not in the file (named by {by})")]
+    MissingBlob {
+        /// `layer`, `config`, `manifest`…
+        what: &'static str,
+        /// Its digest or path.
+        digest: String,
+        /// The document that names it.
+        by: String,
+    },
+    /// A blob's bytes do not match its digest or size.
+    #[error(
+        "{what} {digest} in the file does not match its digest ({detail}): the file is damaged"
+    )]
+    Corrupt {
+        /// `layer`, `config`, `manifest`…
+        what: &'static str,
+        /// The digest it should have.
+        digest: String,
+        /// What was found instead.
+        detail: String,
+    },
+    /// Several images and no (matching) name to pick one.
+    #[error("the file holds {count} images ({names}); {hint}")]
+    SeveralImages {
+        /// How many.
+        count: usize,
+        /// Their names, as found.
+        names: String,
+        /// What to do.
+        hint: String,
+    },
+    /// A whole-archive gzip could not be decompressed.
+    #[error("the gzip'ed file could not be decompressed: {0}")]
+    Decompress(String),
+    /// Anything else about the content.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Reading or writing our own files failed.
+    #[error("failed to {what}: {source}")]
+    Io {
+        /// The operation.
+        what: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A blob stored in the archive under its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRef {
+    /// `sha256:…`.
+    pub digest: String,
+    /// Its size (checked against the archive entry).
+    pub size: u64,
+    /// Where it is in the archive.
+    pub span: Span,
+    /// `config` or `layer`, for messages.
+    pub what: &'static str,
+}
+
+/// A manifest or index document, pushed byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawManifest {
+    /// `sha256:…` of `bytes`.
+    pub digest: String,
+    /// Its media type (the Content-Type of the push).
+    pub media_type: String,
+    /// The exact bytes.
+    pub bytes: Vec<u8>,
+}
+/// What the file turned out to be.
+#[derive(Debug)]
+pub enum Detected {
+    /// A classic docker archive.
+    Docker(DockerImage),
+    /// An OCI layout.
+    Oci(OciImage),
+    /// A WebAssembly module.
+    Wasm(WasmModule),
+}
+
+/// Inputs of [`detect`] besides the file.
+#[derive(Debug, Clone)]
+pub struct DetectOptions<'a> {
+    /// Where a decompressed copy of a `.tar.gz` may be written.
+    pub work_dir: &'a Path,
+    /// The declared size, bounding that copy.
+    pub declared_size: u64,
+    /// `RUNR_UPLOAD_NAME`, to pick one of several images.
+    pub upload_name: Option<&'a str>,
+}
+
+/// Works out what `path` holds and what to push.
+pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatError> {
+    let file = File::open(path).map_err(|source| FormatError::Io {
+        what: format!("open {}", path.display()),
+        source,
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|source| FormatError::Io {
+            what: "stat the upload".into(),
+            source,
+        })?
+        .len();
+    let mut magic = [0u8; 8];
+    let n = read_prefix(&file, &mut magic)?;
+    if let Some(component) = wasm::header(&magic[..n]) {
+        return Ok(Detected::Wasm(WasmModule {
+            file: std::sync::Arc::new(file),
+            span: Span { offset: 0, len },
+            component,
+        }));
+    }
+    let archive = if n >= 2 && magic[..2] == [0x1f, 0x8b] {
+        let limit = opts
+            .declared_size
+            .max(len)
+            .saturating_add(DECOMPRESS_HEADROOM);
+        let tar = decompress(&file, opts.work_dir, limit)?;
+        index_tar(tar)?
+    } else {
+        index_tar(file)?
+    };
+    if archive.contains("index.json") {
+        Ok(Detected::Oci(oci::read(archive, opts.upload_name)?))
+    } else if archive.contains("manifest.json") {
+        Ok(Detected::Docker(docker::read(archive, opts.upload_name)?))
+    } else {
+        Err(FormatError::NotAnImageArchive)
+    }
+}
+
+fn read_prefix(file: &File, buf: &mut [u8]) -> Result<usize, FormatError> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(FormatError::Io {
+                    what: "read the upload".into(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Indexes a tar, turning "this is no tar at all" into [`FormatError::Unrecognized`].
+fn index_tar(file: File) -> Result<Archive, FormatError> {
+    let mut header = [0u8; 512];
+    let n = read_prefix(&file, &mut header)?;
+    let ustar = n == 512 && &header[257..262] == b"ustar";
+    match Archive::index(file) {
+        Ok(a) => Ok(a),
+        Err(ArchiveError::Read(_)) if !ustar => Err(FormatError::Unrecognized),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Decompresses a whole-archive gzip into an unlinked temporary file in `work_dir`, at most
+/// `limit` bytes (a gzip bomb stops there).
+fn decompress(file: &File, work_dir: &Path, limit: u64) -> Result<File, FormatError> {
+    let name = format!(
+        ".runr-decompressed-{}-{}.tar",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    let tmp_path = work_dir.join(name);
+    let mut out = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp_path)
+        .map_err(|source| FormatError::Io {
+            what: format!("create a temporary file in {}", work_dir.display()),
+            source,
+        })?;
+    // The open handle keeps the data; the name goes at once, so nothing is left behind whatever
+    // happens next (a crash, a failure, the end of the push).
+    let _ = std::fs::remove_file(&tmp_path);
+    let reader = io::BufReader::with_capacity(1 << 20, FileReader { file, pos: 0 });
+    let mut gz = flate2::read::MultiGzDecoder::new(reader);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let k = match gz.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(FormatError::Decompress(e.to_string())),
+        };
+        total += k as u64;
+        if total > limit {
+            return Err(FormatError::Decompress(format!(
+                "it expands to more than {limit} bytes (the declared size plus 512 MiB); \
+                 upload the .tar itself"
+            )));
+        }
+        out.write_all(&buf[..k]).map_err(|source| FormatError::Io {
+            what: format!("write the decompressed archive into {}", work_dir.display()),
+            source,
+        })?;
+    }
+    Ok(out)
+}
+
+/// `Read` over a shared `&File` with positioned reads (the file may be shared elsewhere).
+struct FileReader<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl Read for FileReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    hex(&Sha256::digest(data))
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// `sha256:…` of `data`.
+pub fn sha256_digest(data: &[u8]) -> String {
+    format!("sha256:{}", sha256_hex(data))
+}
+
+/// The archive path of a blob, refusing digests that are not `sha256:<64 hex>`.
+fn blob_path(digest: &str) -> Result<String, FormatError> {
+    match digest.strip_prefix("sha256:") {
+        Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(format!("blobs/sha256/{h}"))
+        }
+        _ => Err(FormatError::Unsupported(format!(
+            "digest {digest:?} is not supported (only sha256)"
+        ))),
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<T, FormatError> {
+    serde_json::from_slice(bytes).map_err(|e| FormatError::Document {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The platform fields of an image config.
+#[derive(Deserialize)]
+struct ConfigProbe {
+    os: Option<String>,
+    architecture: Option<String>,
+    variant: Option<String>,
+}
+
+/// `os/arch[/variant]`, when the config names both os and architecture.
+fn platform_string(p: ConfigProbe) -> Option<String> {
+    let mut s = format!("{}/{}", p.os?, p.architecture?);
+    if let Some(v) = p.variant.filter(|v| !v.is_empty()) {
+        s.push('/');
+        s.push_str(&v);
+    }
+    Some(s)
+}
+
+/// Narrows several images to the one whose names match `upload_name`.
+fn select<T>(
+    mut images: Vec<T>,
+    upload_name: Option<&str>,
+    names: impl Fn(&T) -> Vec<String>,
+) -> Result<T, FormatError> {
+    match images.len() {
+        0 => {
+            return Err(FormatError::Unsupported(
+                "the archive lists no image".to_string(),
+            ))
+        }
+        1 => return Ok(images.remove(0)),
+        _ => {}
+    }
+    let all: Vec<String> = images
+        .iter()
+        .map(|i| {
+            let n = names(i);
+            if n.is_empty() {
+                "unnamed".to_string()
+            } else {
+                n.join(" = ")
+            }
+        })
+        .collect();
+    let count = images.len();
+    let Some(wanted) = upload_name else {
+        return Err(FormatError::SeveralImages {
+            count,
+            names: all.join(", "),
+            hint: "upload one image per file".into(),
+        });
+    };
+    let mut matching: Vec<T> = images
+        .into_iter()
+        .filter(|i| names(i).iter().any(|n| reference::matches(wanted, n)))
+        .collect();
+    if matching.len() == 1 {
+        return Ok(matching.remove(0));
+    }
+    Err(FormatError::SeveralImages {
+        count,
+        names: all.join(", "),
+        hint: format!(
+            "{} of them named like {wanted:?}; upload one image per file",
+            if matching.is_empty() {
+                "none"
+            } else {
+                "more than one"
+            }
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_paths_only_for_sha256() {
+        assert!(blob_path(&format!("sha256:{}", "a".repeat(64))).is_ok());
+        assert!(blob_path("sha256:../../etc").is_err());
+        assert!(blob_path(&format!("sha512:{}", "a".repeat(128))).is_err());
+    }
+
+    #[test]
+    fn random_bytes_are_unrecognized() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x");
+        let data: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        std::fs::write(&path, data).unwrap();
+        let opts = DetectOptions {
+            work_dir: dir.path(),
+            declared_size: 4096,
+            upload_name: None,
+        };
+        let err = detect(&path, &opts).unwrap_err();
+        assert!(matches!(err, FormatError::Unrecognized), "{err}");
+    }
+
+    #[test]
+    fn wasm_magic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m");
+        std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
+        let opts = DetectOptions {
+            work_dir: dir.path(),
+            declared_size: 8,
+            upload_name: None,
+        };
+        match detect(&path, &opts).unwrap() {
+            Detected::Wasm(w) => assert!(!w.component),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tar_without_image_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.tar");
+        let mut b = tar::Builder::new(File::create(&path).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        b.append_data(&mut h, "hello", &b"x"[..]).unwrap();
+        b.finish().unwrap();
+        drop(b);
+        let a = Archive::open(&path).unwrap();
+        assert!(!a.contains("manifest.json"));
+        let opts = DetectOptions {
+            work_dir: dir.path(),
+            declared_size: 0,
+            upload_name: None,
+        };
+        assert!(matches!(
+            detect(&path, &opts),
+            Err(FormatError::NotAnImageArchive)
+        ));
+    }
+}

@@ -1,0 +1,98 @@
+//! `runr-image-upload serve`: where the two halves meet. The upload half takes the file in and
+//! verifies it; on `complete` it calls the processor built here, which is the image half's
+//! pipeline with this upload's options.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::image::pipeline::{self, ProcessOptions};
+use crate::upload::{server, OpenError, Processor, Upload};
+
+/// Why `serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The upload directory could not be used.
+    #[error("cannot open the upload")]
+    Open(#[from] OpenError),
+    /// The port could not be bound.
+    #[error("cannot listen on port {port}")]
+    Bind {
+        /// `PORT`.
+        port: u16,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The signal handlers could not be installed.
+    #[error("cannot install the SIGTERM handler")]
+    Signal(#[source] std::io::Error),
+}
+
+/// `runr-image-upload serve`: opens the upload in `RUNR_UPLOAD_DIR` (taking over what a previous
+/// run left), listens on `PORT` and serves until SIGTERM or SIGINT. Work that a previous run
+/// had started (verifying, pushing) starts again.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    let upload = Upload::open(&config.upload_dir, config.size, &config.sha256)?;
+    let processor = pipeline_processor(&config);
+    let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.port)))
+        .await
+        .map_err(|source| ServeError::Bind {
+            port: config.port,
+            source,
+        })?;
+    let shutdown = shutdown_signal().map_err(ServeError::Signal)?;
+    tracing::info!(
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        dir = %config.upload_dir.display(),
+        size = config.size,
+        target = %config.target,
+        registry = ?config.registry,
+        compress = ?config.compress,
+        "listening"
+    );
+    if upload.needs_resume() {
+        tracing::info!("a previous run stopped while verifying or pushing: starting that again");
+        upload.resume(processor.clone());
+    }
+    server::run(listener, upload, processor, shutdown).await;
+    Ok(())
+}
+
+/// The pipeline with the options of this upload, as the upload's [`Processor`].
+fn pipeline_processor(config: &Config) -> Processor {
+    let opts = Arc::new(ProcessOptions {
+        work_dir: config.upload_dir.clone(),
+        target: config.target.clone(),
+        upload_name: config.name.clone(),
+        filename: config.filename.clone(),
+        compress: config.compress,
+        registry: config.registry.clone(),
+        declared_size: config.size,
+    });
+    Arc::new(move |file| {
+        let opts = opts.clone();
+        Box::pin(async move {
+            let info = pipeline::process(&file, &opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            serde_json::to_value(info).map_err(|e| format!("internal error: {e}"))
+        })
+    })
+}
+
+/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C while developing).
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
