@@ -1,10 +1,12 @@
 //! The receiver's configuration: every environment variable, its default, and one error per bad
-//! variable (name and value kept in the error, [`ConfigError`] shared with `runr-registry`) so a
-//! single restart shows every mistake.
+//! variable (name and value kept in the error) so a single restart shows every mistake. Read
+//! through [`runr_base::env::Env`], with its grammar (an empty value is unset, flags, levels);
+//! [`VARS`] and [`REGISTRY_VARS`] are the table `version`/`help` print.
 
 use std::path::PathBuf;
 
-use runr_registry::{ConfigError, RegistryConfig};
+use runr_base::env::{ConfigErrors, Env, VarDoc};
+use runr_registry::RegistryConfig;
 
 pub use crate::image::pipeline::Compress;
 
@@ -40,6 +42,59 @@ const DEFAULT_COMPRESS: Compress = Compress::Gzip;
 pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
+/// The variables of `serve`, as `version`/`help` print them.
+pub const VARS: &[VarDoc] = &[
+    VarDoc::new(ENV_PORT, "8080", "port to listen on"),
+    VarDoc::new(
+        ENV_UPLOAD_DIR,
+        DEFAULT_UPLOAD_DIR,
+        "where the upload is kept; the only place written",
+    ),
+    VarDoc::required(ENV_UPLOAD_SIZE, "declared file size in bytes"),
+    VarDoc::required(ENV_UPLOAD_SHA256, "declared SHA-256, 64 hex digits"),
+    VarDoc::optional(ENV_UPLOAD_FILENAME, "the user's file name, for messages"),
+    VarDoc::optional(
+        ENV_UPLOAD_NAME,
+        "repository[:tag]: picks one image out of an archive holding several",
+    ),
+    VarDoc::required(
+        ENV_UPLOAD_TARGET,
+        "host[:port]/path/repository:tag to push to",
+    ),
+    VarDoc::new(
+        ENV_UPLOAD_COMPRESS,
+        "gzip",
+        "gzip | none: layers of a classic docker save archive",
+    ),
+    VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
+];
+
+/// The registry variables, read by `serve` and `fetch` (parsed by `runr-registry`).
+pub const REGISTRY_VARS: &[VarDoc] = &[
+    VarDoc::new(
+        runr_registry::config::ENV_PLAIN_HTTP,
+        "0",
+        "1 for a registry without TLS",
+    ),
+    VarDoc::optional(
+        runr_registry::config::ENV_USERNAME,
+        "registry user (basic auth and token flow)",
+    ),
+    VarDoc::optional(
+        runr_registry::config::ENV_PASSWORD,
+        "registry password or token",
+    ),
+    VarDoc::optional(
+        runr_registry::config::ENV_CA_FILE,
+        "extra CA certificates (PEM)",
+    ),
+];
+
+/// The `Environment variables:` section of `version`/`help`.
+pub fn help() -> String {
+    runr_base::env::help(&[VARS, REGISTRY_VARS])
+}
+
 /// Everything `serve` reads from its environment, parsed once at startup.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -65,158 +120,74 @@ pub struct Config {
     pub log_level: tracing::Level,
 }
 
-/// Every bad variable found in one pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl std::fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
-
 // === impl Config ===
 
 impl Config {
     /// Parses the configuration from `get` (the process environment in production, a map in
     /// tests), collecting every error before failing. Empty values count as unset.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let mut errors = Vec::new();
-
-        let port = optional(&get, ENV_PORT, DEFAULT_PORT, &mut errors, |v| {
-            v.parse::<u16>()
-                .map_err(|_| "not a port number (0-65535)".into())
-        });
-        let upload_dir = PathBuf::from(get(ENV_UPLOAD_DIR).unwrap_or(DEFAULT_UPLOAD_DIR.into()));
-        if !upload_dir.is_dir() {
-            errors.push(ConfigError::new(
-                ENV_UPLOAD_DIR,
-                upload_dir.display().to_string(),
-                "is not an existing directory",
-            ));
-        }
-        let size = required(&get, ENV_UPLOAD_SIZE, &mut errors, |v| {
-            match v.parse::<u64>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err("expected the file size in bytes, a whole number above 0".into()),
-            }
-        });
-        let sha256 = required(&get, ENV_UPLOAD_SHA256, &mut errors, parse_sha256);
-        let filename = get(ENV_UPLOAD_FILENAME).map(|v| v.trim().to_string());
-        let name = get(ENV_UPLOAD_NAME).map(|v| v.trim().to_string());
-        if let Some(n) = &name {
-            if let Err(reason) = check_name(n) {
-                errors.push(ConfigError::new(ENV_UPLOAD_NAME, n.clone(), reason));
-            }
-        }
-        let target = required(&get, ENV_UPLOAD_TARGET, &mut errors, parse_target);
-        let compress = optional(
-            &get,
-            ENV_UPLOAD_COMPRESS,
-            DEFAULT_COMPRESS,
-            &mut errors,
-            |v| match v {
-                "gzip" => Ok(Compress::Gzip),
-                "none" => Ok(Compress::None),
-                _ => Err("expected gzip or none".into()),
-            },
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut env = Env::new(get);
+        let port = env.listen_port(ENV_PORT, DEFAULT_PORT);
+        let upload_dir = PathBuf::from(
+            env.value(ENV_UPLOAD_DIR)
+                .unwrap_or_else(|| DEFAULT_UPLOAD_DIR.into()),
         );
-        let log_level = optional(&get, ENV_LOG, DEFAULT_LOG, &mut errors, |v| {
-            match v.to_ascii_lowercase().as_str() {
-                "error" => Ok(tracing::Level::ERROR),
-                "warn" => Ok(tracing::Level::WARN),
-                "info" => Ok(tracing::Level::INFO),
-                "debug" => Ok(tracing::Level::DEBUG),
-                _ => Err("expected error, warn, info or debug".into()),
-            }
+        if !upload_dir.is_dir() {
+            let shown = upload_dir.display().to_string();
+            env.reject(ENV_UPLOAD_DIR, Some(&shown), "is not an existing directory");
+        }
+        let size = env.required(ENV_UPLOAD_SIZE, |v| match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err("expected the file size in bytes, a whole number above 0".into()),
         });
-        let registry = RegistryConfig::from_lookup(&get, &mut errors);
-
-        match (size, sha256, target) {
-            (Some(size), Some(sha256), Some(target)) if errors.is_empty() => Ok(Config {
-                port,
-                upload_dir,
-                size,
-                sha256,
-                filename,
-                name,
-                target,
-                compress,
-                registry,
-                log_level,
-            }),
-            _ => Err(ConfigErrors(errors)),
-        }
-    }
-
-    /// The variables, their defaults and meaning, for `runr-image-upload version` / `--help`.
-    pub fn help() -> &'static str {
-        "Environment variables (serve):\n\
-         \x20 PORT                      port to listen on (default: 8080)\n\
-         \x20 RUNR_UPLOAD_DIR           where the upload is kept; the only place written (default: /work)\n\
-         \x20 RUNR_UPLOAD_SIZE          declared file size in bytes (required)\n\
-         \x20 RUNR_UPLOAD_SHA256        declared SHA-256, 64 hex digits (required)\n\
-         \x20 RUNR_UPLOAD_FILENAME      the user's file name, for messages\n\
-         \x20 RUNR_UPLOAD_NAME          repository[:tag]: picks one image out of an archive holding several\n\
-         \x20 RUNR_UPLOAD_TARGET        host[:port]/path/repository:tag to push to (required)\n\
-         \x20 RUNR_UPLOAD_COMPRESS      gzip | none: layers of a classic docker save archive (default: gzip)\n\
-         \x20 RUNR_REGISTRY_PLAIN_HTTP  1 for a registry without TLS (default: 0)\n\
-         \x20 RUNR_REGISTRY_USERNAME    registry user (basic auth and token flow)\n\
-         \x20 RUNR_REGISTRY_PASSWORD    registry password or token\n\
-         \x20 RUNR_REGISTRY_CA_FILE     extra CA certificates (PEM)\n\
-         \x20 RUNR_LOG                  error | warn | info | debug (default: info)\n"
+        let sha256 = env.required(ENV_UPLOAD_SHA256, parse_sha256);
+        let filename = env.value(ENV_UPLOAD_FILENAME);
+        let name = env.optional(ENV_UPLOAD_NAME, |v| check_name(v).map(|()| v.to_string()));
+        let target = env.required(ENV_UPLOAD_TARGET, parse_target);
+        let compress = env.parse(ENV_UPLOAD_COMPRESS, DEFAULT_COMPRESS, |v| match v {
+            "gzip" => Ok(Compress::Gzip),
+            "none" => Ok(Compress::None),
+            _ => Err("expected gzip or none".into()),
+        });
+        let log_level = env.level(ENV_LOG, DEFAULT_LOG);
+        let registry = read_registry(&mut env, get);
+        let required = size.zip(sha256).zip(target);
+        env.finish_with(required.map(|((size, sha256), target)| Config {
+            port,
+            upload_dir,
+            size,
+            sha256,
+            filename,
+            name,
+            target,
+            compress,
+            registry,
+            log_level,
+        }))
     }
 }
 
-/// Parses `name` with `parse` when set, else `default`; a refusal goes onto `errors`.
-fn optional<T>(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &'static str,
-    default: T,
-    errors: &mut Vec<ConfigError>,
-    parse: impl FnOnce(&str) -> Result<T, String>,
-) -> T {
-    match get(name) {
-        None => default,
-        Some(v) => match parse(v.trim()) {
-            Ok(t) => t,
-            Err(reason) => {
-                errors.push(ConfigError::new(name, v, reason));
-                default
-            }
-        },
-    }
+/// The registry variables alone (`fetch`).
+pub fn registry_from_lookup(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<RegistryConfig, ConfigErrors> {
+    let mut env = Env::new(get);
+    let registry = read_registry(&mut env, get);
+    env.finish_with(Some(registry))
 }
 
-/// Parses `name` with `parse`; unset or refused goes onto `errors` and gives `None`.
-fn required<T>(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &'static str,
-    errors: &mut Vec<ConfigError>,
-    parse: impl FnOnce(&str) -> Result<T, String>,
-) -> Option<T> {
-    match get(name) {
-        None => {
-            errors.push(ConfigError::new(name, "", "is required"));
-            None
-        }
-        Some(v) => match parse(v.trim()) {
-            Ok(t) => Some(t),
-            Err(reason) => {
-                errors.push(ConfigError::new(name, v, reason));
-                None
-            }
-        },
+/// `RUNR_REGISTRY_*` through runr-registry's parser, its refusals recorded in `env`.
+fn read_registry(env: &mut Env<'_>, get: &dyn Fn(&str) -> Option<String>) -> RegistryConfig {
+    let mut errors = Vec::new();
+    // Blank is unset, as everywhere, but values are not trimmed (`Env::value` would): a
+    // password may begin or end with a blank.
+    let raw = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    let registry = RegistryConfig::from_lookup(&raw, &mut errors);
+    for e in errors {
+        let value = Some(e.value.as_str()).filter(|v| !v.is_empty());
+        env.reject(e.name, value, e.reason);
     }
+    registry
 }
 
 /// 64 hex digits, optionally prefixed `sha256:`; returned lowercase without the prefix.
@@ -265,6 +236,7 @@ fn check_name(v: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runr_base::env::{names_read, unlisted};
     use std::collections::HashMap;
 
     const SUM: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -276,7 +248,7 @@ mod tests {
         for (k, v) in vars {
             map.insert(k.to_string(), v.to_string());
         }
-        Config::from_lookup(|n| map.get(n).cloned())
+        Config::from_lookup(&|n| map.get(n).cloned())
     }
 
     fn valid() -> Vec<(&'static str, &'static str)> {
@@ -332,7 +304,7 @@ mod tests {
             names(&e),
             [ENV_UPLOAD_SIZE, ENV_UPLOAD_SHA256, ENV_UPLOAD_TARGET]
         );
-        assert_eq!(e.0[0].to_string(), "RUNR_UPLOAD_SIZE=\"\": is required");
+        assert_eq!(e.0[0].to_string(), "RUNR_UPLOAD_SIZE=<unset>: required");
     }
 
     #[test]
@@ -409,5 +381,73 @@ mod tests {
         ] {
             assert!(parse_target(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn every_variable_read_is_in_the_table() {
+        let dir = std::env::temp_dir().display().to_string();
+        let ca = std::env::current_exe().unwrap().display().to_string();
+        let mut vars: Vec<(&str, &str)> = valid();
+        vars.extend([
+            (ENV_UPLOAD_DIR, dir.as_str()),
+            (ENV_UPLOAD_NAME, "app:1"),
+            ("RUNR_REGISTRY_USERNAME", "u"),
+            ("RUNR_REGISTRY_PASSWORD", "p"),
+            ("RUNR_REGISTRY_CA_FILE", ca.as_str()),
+        ]);
+        let read = names_read(&vars, |get| {
+            Config::from_lookup(get).expect("valid");
+        });
+        assert_eq!(
+            unlisted(&[VARS, REGISTRY_VARS], &read),
+            Vec::<String>::new()
+        );
+        // And no row is stale: the parser reads every variable the table names.
+        for v in VARS.iter().chain(REGISTRY_VARS) {
+            assert!(read.iter().any(|n| n == v.name), "{} is never read", v.name);
+        }
+        let fetch = names_read(&vars, |get| {
+            registry_from_lookup(get).expect("valid");
+        });
+        assert_eq!(unlisted(&[REGISTRY_VARS], &fetch), Vec::<String>::new());
+        assert!(!fetch.is_empty());
+    }
+
+    #[test]
+    fn help_lists_every_variable_with_its_default() {
+        let text = help();
+        assert!(text.starts_with("Environment variables:\n"), "{text}");
+        for v in VARS.iter().chain(REGISTRY_VARS) {
+            let line = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(v.name))
+                .unwrap_or_else(|| panic!("{} missing from {text}", v.name));
+            if let runr_base::env::DefaultValue::Is(d) = v.default {
+                assert!(line.ends_with(&format!("(default: {d})")), "{line}");
+            }
+        }
+        assert!(text.contains("RUNR_UPLOAD_TARGET"), "{text}");
+    }
+
+    #[test]
+    fn registry_credentials_are_kept_as_written() {
+        let mut vars = valid();
+        vars.extend([
+            ("RUNR_REGISTRY_USERNAME", "runr"),
+            ("RUNR_REGISTRY_PASSWORD", " s3cret\t"),
+        ]);
+        let c = parse(&vars).expect("valid");
+        assert_eq!(
+            c.registry.credentials,
+            Some(("runr".to_string(), " s3cret\t".to_string()))
+        );
+        // Blank is unset: the other half of the pair is then missing.
+        let mut vars = valid();
+        vars.extend([
+            ("RUNR_REGISTRY_USERNAME", "runr"),
+            ("RUNR_REGISTRY_PASSWORD", "  "),
+        ]);
+        let e = parse(&vars).unwrap_err();
+        assert_eq!(names(&e), ["RUNR_REGISTRY_PASSWORD"]);
     }
 }

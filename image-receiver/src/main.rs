@@ -1,13 +1,22 @@
 //! runr-image-upload: parse the subcommand and the environment, set up logs, run, map the result
 //! to an exit status (2 for bad configuration or usage, 1 for a failure at run time).
 
+use std::future::Future;
 use std::path::Path;
 use std::process::ExitCode;
 
-use runr_image_upload::config::Config;
+use runr_base::env::{process_lookup, ConfigErrors};
+use runr_base::fmt::error_chain;
+use runr_base::log::LogFormat;
+use runr_base::EXIT_CONFIG;
+use runr_image_upload::config::{self, Config};
 
-/// Status for bad configuration and bad usage, as the platform expects.
-const EXIT_CONFIG: u8 = 2;
+/// It runs as a Job whose log collector adds no timestamps: the lines carry their own.
+const LOG: LogFormat = LogFormat {
+    prefix: "runr-image-upload",
+    info_level: true,
+    timestamps: true,
+};
 
 fn main() -> ExitCode {
     // First, while the process has one thread: it may set SSL_CERT_FILE (see
@@ -32,84 +41,67 @@ fn main() -> ExitCode {
 }
 
 fn serve() -> ExitCode {
-    let lookup = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    let config = match Config::from_lookup(lookup) {
+    let config = match Config::from_lookup(&process_lookup) {
         Ok(config) => config,
-        Err(errors) => {
-            init_logs(tracing::Level::INFO);
-            for e in &errors.0 {
-                tracing::error!("invalid configuration: {e}");
-            }
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(errors) => return bad_config(&errors),
     };
-    init_logs(config.log_level);
-    let result = runtime().and_then(|rt| {
-        rt.block_on(runr_image_upload::serve::serve(config))
-            .map_err(anyhow::Error::from)
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("serve failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    runr_base::log::init(LOG, config.log_level);
+    run("serve", runr_image_upload::serve::serve(config))
 }
 
 fn fetch(reference: &str, dest: &Path) -> ExitCode {
-    init_logs(tracing::Level::INFO);
-    let lookup = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    let mut errors = Vec::new();
-    let registry = runr_registry::RegistryConfig::from_lookup(&lookup, &mut errors);
-    if !errors.is_empty() {
-        for e in &errors {
-            tracing::error!("invalid configuration: {e}");
-        }
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    let result = runtime().and_then(|rt| {
-        rt.block_on(runr_image_upload::image::fetch::fetch(
-            reference, dest, &registry,
-        ))
-        .map_err(anyhow::Error::from)
-    });
+    let registry = match config::registry_from_lookup(&process_lookup) {
+        Ok(registry) => registry,
+        Err(errors) => return bad_config(&errors),
+    };
+    runr_base::log::init(LOG, tracing::Level::INFO);
+    run(
+        "fetch",
+        runr_image_upload::image::fetch::fetch(reference, dest, &registry),
+    )
+}
+
+/// Runs `work` on two worker threads: one core receives (HTTP, pwrite) while the other hashes
+/// or pushes.
+fn run<E>(what: &str, work: impl Future<Output = Result<(), E>>) -> ExitCode
+where
+    E: std::error::Error + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(work).map_err(|e| error_chain(&e)),
+        Err(e) => Err(format!("cannot start the runtime: {e}")),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("fetch failed: {e:#}");
+            tracing::error!("{what} failed: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-/// Two worker threads: one core receives (HTTP, pwrite) while the other hashes or pushes.
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
+/// One line per bad variable, then exit 2.
+fn bad_config(errors: &ConfigErrors) -> ExitCode {
+    runr_base::log::init(LOG, tracing::Level::INFO);
+    for e in errors {
+        tracing::error!("invalid configuration: {e}");
+    }
+    ExitCode::from(EXIT_CONFIG)
 }
 
 fn version() -> String {
     format!(
-        "runr-image-upload {}\n\nUsage:\n  runr-image-upload [serve]\n  runr-image-upload fetch <reference> <dest-file>\n  runr-image-upload version\n\n{}",
+        "runr-image-upload {}\n\nUsage:\n  runr-image-upload [serve]\n  runr-image-upload fetch <reference> <dest-file>\n  runr-image-upload version\n\n{}\n(fetch reads only the RUNR_REGISTRY_* variables.)\n",
         env!("CARGO_PKG_VERSION"),
-        Config::help()
+        config::help()
     )
 }
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("runr-image-upload: {problem}\n\n{}", version());
     ExitCode::from(EXIT_CONFIG)
-}
-
-/// Logs go to stderr, one line per event.
-fn init_logs(level: tracing::Level) {
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .try_init();
 }

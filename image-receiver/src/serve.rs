@@ -2,7 +2,6 @@
 //! verifies it; on `complete` it calls the processor built here, which is the image half's
 //! pipeline with this upload's options.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -44,7 +43,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             port: config.port,
             source,
         })?;
-    let shutdown = shutdown_signal().map_err(ServeError::Signal)?;
+    let stop = runr_base::signal::shutdown().map_err(ServeError::Signal)?;
+    let shutdown = async move {
+        let signal = stop.await;
+        tracing::info!("{signal}: shutting down");
+    };
+    // `addr=` first: tests (and operators) read the bound port from it.
     tracing::info!(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         dir = %config.upload_dir.display(),
@@ -81,18 +85,5 @@ fn pipeline_processor(config: &Config) -> Processor {
                 .map_err(|e| e.to_string())?;
             serde_json::to_value(info).map_err(|e| format!("internal error: {e}"))
         })
-    })
-}
-
-/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C while developing).
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
     })
 }

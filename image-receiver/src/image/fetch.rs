@@ -11,7 +11,9 @@ use runr_registry::{build_client, is_transient, Backoff, RegistryConfig, Timeout
 use serde_json::Value;
 
 use crate::image::formats::media;
-use crate::image::push::{error_chain, RETRIES};
+use runr_base::fmt::error_chain;
+
+use crate::image::push::RETRIES;
 
 /// Layer media types accepted as "the module" (ours, and the older wasm-to-oci one).
 const MODULE_TYPES: &[&str] = &[

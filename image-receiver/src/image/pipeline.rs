@@ -17,6 +17,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+use runr_base::fmt::hex;
+
 use crate::image::archive::Span;
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
@@ -419,8 +421,8 @@ fn gzip_digests(file: &std::fs::File, span: Span) -> std::io::Result<(String, St
     // Trailing bytes after the last member still belong to the blob.
     std::io::copy(&mut src, &mut std::io::sink())?;
     Ok((
-        format!("sha256:{}", formats::hex(&src.hasher.finalize())),
-        format!("sha256:{}", formats::hex(&raw.finalize())),
+        format!("sha256:{}", hex(&src.hasher.finalize())),
+        format!("sha256:{}", hex(&raw.finalize())),
     ))
 }
 
@@ -459,7 +461,7 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
                 hasher.update(&buf[..n]);
                 pos += n as u64;
             }
-            Ok(format!("sha256:{}", formats::hex(&hasher.finalize())))
+            Ok(format!("sha256:{}", hex(&hasher.finalize())))
         })
         .await
         .map_err(|e| PushError::Content(format!("reading the module: {e}")))?

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures_util::Stream;
+use runr_base::fmt::{error_chain, hex};
 use runr_registry::oci_client::errors::OciDistributionError;
 use runr_registry::oci_client::secrets::RegistryAuth;
 use runr_registry::oci_client::{Client, Reference};
@@ -31,7 +32,7 @@ use runr_registry::{
 use sha2::{Digest as _, Sha256};
 
 use crate::image::archive::Span;
-use crate::image::formats::{hex, media, RawManifest};
+use crate::image::formats::{media, RawManifest};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
@@ -399,21 +400,6 @@ pub fn compress_layer(
 
 /// Makes temporary names unique within the process.
 static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The registry's (or the connection's) own words, with the causes a reqwest error hides.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let c = cause.to_string();
-        if !s.contains(&c) {
-            s.push_str(": ");
-            s.push_str(&c);
-        }
-        source = cause.source();
-    }
-    s
-}
 
 type Item = Result<Bytes, OciDistributionError>;
 

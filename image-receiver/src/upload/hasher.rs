@@ -6,6 +6,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use runr_base::fmt::hex;
 use sha2::{Digest, Sha256};
 
 /// How much the hasher reads at a time.
@@ -137,15 +138,4 @@ impl Hasher {
             }
         }
     }
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }

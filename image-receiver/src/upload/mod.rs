@@ -631,8 +631,8 @@ impl Drop for ChunkWriter {
 
 #[cfg(test)]
 mod tests {
-    use super::hasher::hex;
     use super::*;
+    use runr_base::fmt::hex;
     use sha2::{Digest, Sha256};
     use std::time::Duration;
 

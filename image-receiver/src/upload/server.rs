@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioTimer;
+use runr_base::serve::serve_connections;
 use tokio::net::TcpListener;
 
 use super::{ChunkError, Completion, Processor, Upload};
@@ -91,43 +91,21 @@ pub async fn run(
         processor,
         buffers: Mutex::new(Vec::new()),
     });
-    let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     // The timer gives hyper its header-read timeout (slow clients cannot pin a task).
     http.timer(TokioTimer::new());
     http.max_buf_size(READ_BUFFER);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let ctx = ctx.clone();
-                    let service = service_fn(move |req| handle(ctx.clone(), req));
-                    let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                    tokio::spawn(async move {
-                        // Resets and half-sent chunks are the client's business.
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning on accept.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_LIMIT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(limit = ?DRAIN_LIMIT, "requests still running after the drain limit");
-    }
+    serve_connections(
+        listener,
+        http,
+        shutdown,
+        DRAIN_LIMIT,
+        move |_stream, _peer| {
+            let ctx = ctx.clone();
+            service_fn(move |req| handle(ctx.clone(), req))
+        },
+    )
+    .await;
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -268,7 +246,7 @@ fn chunk_error(e: ChunkError) -> Reply {
         ChunkError::OutOfRange { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "chunk_out_of_range"),
         ChunkError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "chunk_too_large"),
         ChunkError::Write { .. } => {
-            tracing::error!(error = %anyhow::Error::from(e), "cannot store a chunk");
+            tracing::error!(error = %runr_base::fmt::error_chain(&e), "cannot store a chunk");
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "write_failed",

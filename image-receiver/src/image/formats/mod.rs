@@ -299,23 +299,9 @@ impl Read for FileReader<'_> {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
-
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// `sha256:…` of `data`.
 pub fn sha256_digest(data: &[u8]) -> String {
-    format!("sha256:{}", sha256_hex(data))
+    format!("sha256:{}", runr_base::fmt::hex(&Sha256::digest(data)))
 }
 
 /// The archive path of a blob, refusing digests that are not `sha256:<64 hex>`.
