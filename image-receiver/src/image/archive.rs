@@ -10,11 +10,12 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Seek};
-use std::os::unix::fs::FileExt;
 
 use std::sync::Arc;
 
 use tar::EntryType;
+
+use crate::image::span::{Span, SpanReader};
 
 /// An archive with more entries than this is refused (the index lives in memory).
 const MAX_ENTRIES: usize = 1_000_000;
@@ -80,15 +81,6 @@ pub enum ArchiveError {
     },
 }
 
-/// Where one file's bytes are in the archive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// Offset of the first byte in the archive file.
-    pub offset: u64,
-    /// Number of bytes.
-    pub len: u64,
-}
-
 #[derive(Debug, Clone)]
 enum Node {
     File(Span),
@@ -110,19 +102,19 @@ impl Archive {
     #[cfg(test)]
     pub fn open(path: &std::path::Path) -> Result<Archive, ArchiveError> {
         let file = File::open(path).map_err(ArchiveError::Read)?;
-        Self::index(file)
+        Self::index(Arc::new(file))
     }
 
     /// Indexes the archive in `file` (which stays open for later reads).
-    pub fn index(file: File) -> Result<Archive, ArchiveError> {
+    pub fn index(file: Arc<File>) -> Result<Archive, ArchiveError> {
         let have = file.metadata().map_err(ArchiveError::Read)?.len();
         // The file may come straight from being written (a decompressed .tar.gz).
-        (&file)
+        (&*file)
             .seek(io::SeekFrom::Start(0))
             .map_err(ArchiveError::Read)?;
         let mut entries = HashMap::new();
         {
-            let mut tar = tar::Archive::new(&file);
+            let mut tar = tar::Archive::new(&*file);
             for entry in tar.entries_with_seek().map_err(ArchiveError::Read)? {
                 let entry = entry.map_err(ArchiveError::Read)?;
                 if entries.len() >= MAX_ENTRIES {
@@ -173,10 +165,7 @@ impl Archive {
                 }
             }
         }
-        Ok(Archive {
-            file: Arc::new(file),
-            entries,
-        })
+        Ok(Archive { file, entries })
     }
 
     /// True when the archive holds an entry called `name` (of any type).
@@ -222,19 +211,22 @@ impl Archive {
                 limit,
             });
         }
-        let mut buf = vec![0; span.len as usize];
-        self.file
-            .read_exact_at(&mut buf, span.offset)
+        self.reader(span)
+            .read_block(span.len as usize)
             .map_err(|source| ArchiveError::ReadEntry {
                 name: name.to_string(),
                 source,
-            })?;
-        Ok(buf)
+            })
     }
 
     /// The open archive file, for positioned reads of spans.
     pub fn file(&self) -> &Arc<File> {
         &self.file
+    }
+
+    /// A reader of `span` of the archive.
+    pub fn reader(&self, span: Span) -> SpanReader {
+        SpanReader::new(self.file.clone(), span)
     }
 }
 

@@ -1,11 +1,10 @@
 //! What happens to a verified upload: work out what the file is, push it into the registry and
 //! read the tag back.
 //!
-//! The upload half (`upload`, `server`) calls [`process`] from the background task of
-//! `POST /complete` once the size and SHA-256 of the file are verified; what it returns becomes
-//! the `image` (or the `message`) of `GET /status`.
+//! The upload half calls [`process`] (through the processor `serve` builds) from the background
+//! task of `POST /complete` once the size and SHA-256 of the file are verified; what it returns
+//! becomes the `image` (or the `message`) of `GET /status`.
 
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,27 +14,15 @@ use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use runr_registry::Backoff;
 use serde::Serialize;
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
-use runr_base::fmt::hex;
-
-use crate::image::archive::Span;
+use crate::image::compress;
+pub use crate::image::compress::Compress;
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
 use crate::image::formats::{self, media, DetectOptions, Detected, RawManifest};
 use crate::image::push::{PushError, Pusher};
-
-/// How the layers of a classic `docker save` archive are pushed when they arrive uncompressed
-/// (`RUNR_UPLOAD_COMPRESS`). Content that already has a manifest is never recompressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Compress {
-    /// gzip them (smaller in the registry and on every pull; costs CPU once here).
-    #[default]
-    Gzip,
-    /// Push them as they are (fastest upload; larger pulls).
-    None,
-}
+use crate::image::span::{Span, SpanReader};
 
 /// Everything [`process`] needs to know besides the file.
 #[derive(Debug, Clone)]
@@ -293,7 +280,7 @@ async fn push_docker_layer(
         let (digest, diff_id) = {
             let file = file.clone();
             let span = layer.span;
-            tokio::task::spawn_blocking(move || gzip_digests(&file, span))
+            tokio::task::spawn_blocking(move || compress::gzip_digests(&file, span))
                 .await
                 .map_err(|e| PushError::Content(format!("reading layer: {e}")))?
                 .map_err(|e| {
@@ -319,17 +306,14 @@ async fn push_docker_layer(
             let name = layer.name.clone();
             let work_dir = work_dir.to_path_buf();
             tokio::task::spawn_blocking(move || {
-                crate::image::push::compress_layer(&file, span, &diff_id, &name, &work_dir)
+                compress::compress_layer(&file, span, &diff_id, &name, &work_dir)
             })
             .await
-            .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))??
-        };
-        let span = Span {
-            offset: 0,
-            len: size,
+            .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))?
+            .map_err(|e| PushError::Content(e.to_string()))?
         };
         pusher
-            .push_own_file(&packed, span, &digest, "layer")
+            .push_own_file(&packed, Span::whole(size), &digest, "layer")
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
@@ -380,52 +364,6 @@ async fn reusable_layers(
     ))
 }
 
-/// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id).
-fn gzip_digests(file: &std::fs::File, span: Span) -> std::io::Result<(String, String)> {
-    use std::io::Read;
-    struct Hashing<'a> {
-        file: &'a std::fs::File,
-        pos: u64,
-        end: u64,
-        hasher: Sha256,
-    }
-    impl Read for Hashing<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = ((self.end - self.pos) as usize).min(buf.len());
-            if n == 0 {
-                return Ok(0);
-            }
-            let n = self.file.read_at(&mut buf[..n], self.pos)?;
-            self.hasher.update(&buf[..n]);
-            self.pos += n as u64;
-            Ok(n)
-        }
-    }
-    let src = Hashing {
-        file,
-        pos: span.offset,
-        end: span.offset + span.len,
-        hasher: Sha256::new(),
-    };
-    let mut gz = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, src));
-    let mut raw = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = gz.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        raw.update(&buf[..n]);
-    }
-    let mut src = gz.into_inner().into_inner();
-    // Trailing bytes after the last member still belong to the blob.
-    std::io::copy(&mut src, &mut std::io::sink())?;
-    Ok((
-        format!("sha256:{}", hex(&src.hasher.finalize())),
-        format!("sha256:{}", hex(&raw.finalize())),
-    ))
-}
-
 /// Pushes an OCI image manifest the receiver wrote itself (classic docker archives, wasm) as
 /// the tag, then reads the tag back requiring that digest.
 async fn push_written_manifest(
@@ -450,18 +388,9 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
         let file = module.file.clone();
         let span = module.span;
         tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut hasher = Sha256::new();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut pos = span.offset;
-            while pos < span.offset + span.len {
-                let n = file.read_at(&mut buf, pos)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                pos += n as u64;
-            }
-            Ok(format!("sha256:{}", hex(&hasher.finalize())))
+            let mut reader = SpanReader::hashing(file, span);
+            reader.consume()?;
+            Ok(reader.digest().expect("a hashing reader"))
         })
         .await
         .map_err(|e| PushError::Content(format!("reading the module: {e}")))?

@@ -1,15 +1,14 @@
 //! Classic `docker save` archives (also podman's): manifest.json lists each image's config and
 //! layer tars, and there is no manifest to push: the pipeline writes an OCI one.
 
-use std::os::unix::fs::FileExt;
-
 use serde::Deserialize;
 
 use super::{
     blob_path, parse_json, platform_string, select, sha256_digest, ConfigProbe, FormatError,
     MAX_DOCUMENT,
 };
-use crate::image::archive::{Archive, ArchiveError, Span};
+use crate::image::archive::{Archive, ArchiveError};
+use crate::image::span::Span;
 
 /// One layer of a classic `docker save` archive.
 #[derive(Debug, Clone)]
@@ -105,20 +104,23 @@ pub(super) fn read(
             },
             e => e.into(),
         })?;
-        let mut magic = [0u8; 4];
-        let n = if span.len >= 4 {
+        // The first bytes say whether the layer is compressed already.
+        let magic = if span.len >= 4 {
+            let head = Span {
+                offset: span.offset,
+                len: 4,
+            };
             archive
-                .file()
-                .read_exact_at(&mut magic, span.offset)
+                .reader(head)
+                .read_block(4)
                 .map_err(|source| FormatError::Io {
                     what: format!("read layer {name}"),
                     source,
-                })?;
-            4
+                })?
         } else {
-            0
+            Vec::new()
         };
-        if n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
+        if magic == [0x28, 0xb5, 0x2f, 0xfd] {
             return Err(FormatError::Unsupported(format!(
                 "layer {name} is zstd-compressed, which this receiver does not push from a docker save archive; export the image as an OCI layout instead"
             )));
@@ -126,7 +128,7 @@ pub(super) fn read(
         layers.push(DockerLayer {
             name: name.clone(),
             span,
-            gzipped: n == 4 && magic[..2] == [0x1f, 0x8b],
+            gzipped: magic.starts_with(&[0x1f, 0x8b]),
             diff_id,
         });
     }

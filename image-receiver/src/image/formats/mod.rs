@@ -6,9 +6,9 @@
 //! Everything here is blocking file I/O: callers run it on a blocking thread.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -16,8 +16,10 @@ use sha2::{Digest as _, Sha256};
 use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
-use crate::image::archive::{Archive, ArchiveError, Span};
+use crate::image::archive::{Archive, ArchiveError};
+use crate::image::compress::{self, DecompressError, DECOMPRESS_HEADROOM};
 use crate::image::reference;
+use crate::image::span::{Span, SpanReader};
 
 pub(crate) mod docker;
 pub(crate) mod oci;
@@ -25,8 +27,6 @@ pub(crate) mod wasm;
 
 /// JSON documents read from an archive (manifests, indexes, configs) are refused above this.
 pub const MAX_DOCUMENT: u64 = 4 << 20;
-/// Room a whole-archive gzip may take beyond the declared size once decompressed.
-pub const DECOMPRESS_HEADROOM: u64 = 512 << 20;
 
 /// OCI and Docker media types of the documents we walk.
 pub mod media {
@@ -103,8 +103,8 @@ pub enum FormatError {
         hint: String,
     },
     /// A whole-archive gzip could not be decompressed.
-    #[error("the gzip'ed file could not be decompressed: {0}")]
-    Decompress(String),
+    #[error(transparent)]
+    Decompress(#[from] DecompressError),
     /// Anything else about the content.
     #[error("{0}")]
     Unsupported(String),
@@ -166,10 +166,10 @@ pub struct DetectOptions<'a> {
 
 /// Works out what `path` holds and what to push.
 pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatError> {
-    let file = File::open(path).map_err(|source| FormatError::Io {
+    let file = Arc::new(File::open(path).map_err(|source| FormatError::Io {
         what: format!("open {}", path.display()),
         source,
-    })?;
+    })?);
     let len = file
         .metadata()
         .map_err(|source| FormatError::Io {
@@ -177,24 +177,23 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
             source,
         })?
         .len();
-    let mut magic = [0u8; 8];
-    let n = read_prefix(&file, &mut magic)?;
-    if let Some(component) = wasm::header(&magic[..n]) {
+    let magic = head(&file, len, 8)?;
+    if let Some(component) = wasm::header(&magic) {
         return Ok(Detected::Wasm(WasmModule {
-            file: std::sync::Arc::new(file),
-            span: Span { offset: 0, len },
+            file,
+            span: Span::whole(len),
             component,
         }));
     }
-    let archive = if n >= 2 && magic[..2] == [0x1f, 0x8b] {
+    let archive = if magic.starts_with(&[0x1f, 0x8b]) {
         let limit = opts
             .declared_size
             .max(len)
             .saturating_add(DECOMPRESS_HEADROOM);
-        let tar = decompress(&file, opts.work_dir, limit)?;
-        index_tar(tar)?
+        let (tar, tar_len) = compress::decompress_archive(&file, len, opts.work_dir, limit)?;
+        index_tar(tar, tar_len)?
     } else {
-        index_tar(file)?
+        index_tar(file, len)?
     };
     if archive.contains("index.json") {
         Ok(Detected::Oci(oci::read(archive, opts.upload_name)?))
@@ -205,97 +204,28 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
     }
 }
 
-fn read_prefix(file: &File, buf: &mut [u8]) -> Result<usize, FormatError> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(FormatError::Io {
-                    what: "read the upload".into(),
-                    source,
-                })
-            }
-        }
-    }
-    Ok(n)
+/// The first `n` bytes of `file` (`len` bytes long), fewer when it is shorter.
+fn head(file: &Arc<File>, len: u64, n: usize) -> Result<Vec<u8>, FormatError> {
+    let span = Span {
+        offset: 0,
+        len: len.min(n as u64),
+    };
+    SpanReader::new(file.clone(), span)
+        .read_block(n)
+        .map_err(|source| FormatError::Io {
+            what: "read the upload".into(),
+            source,
+        })
 }
 
 /// Indexes a tar, turning "this is no tar at all" into [`FormatError::Unrecognized`].
-fn index_tar(file: File) -> Result<Archive, FormatError> {
-    let mut header = [0u8; 512];
-    let n = read_prefix(&file, &mut header)?;
-    let ustar = n == 512 && &header[257..262] == b"ustar";
+fn index_tar(file: Arc<File>, len: u64) -> Result<Archive, FormatError> {
+    let header = head(&file, len, 512)?;
+    let ustar = header.len() == 512 && &header[257..262] == b"ustar";
     match Archive::index(file) {
         Ok(a) => Ok(a),
         Err(ArchiveError::Read(_)) if !ustar => Err(FormatError::Unrecognized),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Decompresses a whole-archive gzip into an unlinked temporary file in `work_dir`, at most
-/// `limit` bytes (a gzip bomb stops there).
-fn decompress(file: &File, work_dir: &Path, limit: u64) -> Result<File, FormatError> {
-    let name = format!(
-        ".runr-decompressed-{}-{}.tar",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default()
-    );
-    let tmp_path = work_dir.join(name);
-    let mut out = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp_path)
-        .map_err(|source| FormatError::Io {
-            what: format!("create a temporary file in {}", work_dir.display()),
-            source,
-        })?;
-    // The open handle keeps the data; the name goes at once, so nothing is left behind whatever
-    // happens next (a crash, a failure, the end of the push).
-    let _ = std::fs::remove_file(&tmp_path);
-    let reader = io::BufReader::with_capacity(1 << 20, FileReader { file, pos: 0 });
-    let mut gz = flate2::read::MultiGzDecoder::new(reader);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let k = match gz.read(&mut buf) {
-            Ok(0) => break,
-            Ok(k) => k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(FormatError::Decompress(e.to_string())),
-        };
-        total += k as u64;
-        if total > limit {
-            return Err(FormatError::Decompress(format!(
-                "it expands to more than {limit} bytes (the declared size plus 512 MiB); \
-                 upload the .tar itself"
-            )));
-        }
-        out.write_all(&buf[..k]).map_err(|source| FormatError::Io {
-            what: format!("write the decompressed archive into {}", work_dir.display()),
-            source,
-        })?;
-    }
-    Ok(out)
-}
-
-/// `Read` over a shared `&File` with positioned reads (the file may be shared elsewhere).
-struct FileReader<'a> {
-    file: &'a File,
-    pos: u64,
-}
-
-impl Read for FileReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use crate::image::archive::Span;
+use crate::image::span::Span;
 
 /// A WebAssembly module: the whole file is the one layer.
 #[derive(Debug)]
