@@ -158,7 +158,7 @@ fn refusals() {
         "/chunk?offset=1.5",
     ] {
         expect(
-            request(r.addr, "PUT", path, &[], Some(Body::Sized(b"abc"))),
+            request(r.addr, "PUT", path, &[], Body::Sized(b"abc")),
             400,
             "bad_offset",
         );
@@ -202,9 +202,13 @@ fn refusals() {
     assert_eq!(code, 200, "{body}");
 
     // Not found, wrong method.
-    expect(request(r.addr, "GET", "/nope", &[], None), 404, "not_found");
     expect(
-        request(r.addr, "DELETE", "/chunk", &[], None),
+        request(r.addr, "GET", "/nope", &[], Body::None),
+        404,
+        "not_found",
+    );
+    expect(
+        request(r.addr, "DELETE", "/chunk", &[], Body::None),
         405,
         "method_not_allowed",
     );

@@ -145,8 +145,8 @@ fn sigterm_stops_cleanly() {
     let data = random_bytes(1000, 30);
     let (_tmp, dir) = tempdir();
     let mut r = Receiver::for_data(&dir, &data, &[]);
-    r.child.signal(Signal::SIGTERM);
-    let status = r.child.wait_timeout(Duration::from_secs(15));
+    r.signal(Signal::SIGTERM);
+    let status = r.wait_exit(Duration::from_secs(15));
     assert!(status.success(), "{status}: {}", r.log());
 }
 

@@ -3,10 +3,9 @@
 //! verification and its reopening, and bad configuration.
 //!
 //! Uploads here are random bytes: they verify, then fail format detection, which is the part
-//! of the pipeline that needs no registry. The wasm test pushes into a real registry.
-
-mod harness;
+//! of the pipeline that needs no registry. The wasm tests push into a real registry.
 
 mod chunks;
+mod clients;
 mod config;
 mod lifecycle;

@@ -3,11 +3,6 @@
 //! Every valid input is pulled back with skopeo and checked blob by blob (digests and diff_ids);
 //! every bad one must fail with a message naming the problem and leave no tag behind.
 
-// The upload half's harness: the real binary on a free port and a tiny HTTP client.
-#[allow(dead_code)]
-#[path = "upload/harness.rs"]
-mod harness;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -853,7 +848,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
     let c = case(&reg, "runr-uploads/platform/e2e", "v1");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = harness::Receiver::for_data(
+    let r = crate::harness::Receiver::for_data(
         &dir,
         &data,
         &[
@@ -893,7 +888,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
     let c = case(&reg, "runr-uploads/platform/e2e", "bad");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = harness::Receiver::for_data(
+    let r = crate::harness::Receiver::for_data(
         &dir,
         &bad,
         &[

@@ -1,0 +1,13 @@
+//! runr-image-upload's integration tests, one binary: the real `serve` and `fetch` subcommands
+//! and the image pipeline, against real registries (`docker-registry`) and inputs made by real
+//! tools.
+//!
+//! - [`harness`]: the receiver under test (`PORT=0`, the port read from its `listening` line)
+//!   and JSON over `testkit::http`;
+//! - `upload`: the chunk protocol, refusals, restarts, verification, bad configuration;
+//! - `image`: every format pushed and pulled back blob by blob, bad inputs, registry trouble,
+//!   and an archive uploaded through the chunk API end to end.
+
+mod harness;
+mod image;
+mod upload;
