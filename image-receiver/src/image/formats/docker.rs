@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::{
+use super::common::{
     blob_path, parse_json, platform_string, select, sha256_digest, ConfigProbe, FormatError,
     MAX_DOCUMENT,
 };

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
 use serde::Deserialize;
 
-use super::{
+use super::common::{
     blob_path, media, parse_json, platform_string, select, sha256_digest, BlobRef, ConfigProbe,
     FormatError, RawManifest, MAX_DOCUMENT,
 };
