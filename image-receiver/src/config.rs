@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use runr_base::env::{ConfigErrors, Env, VarDoc};
 use runr_registry::RegistryConfig;
 
-pub use crate::image::pipeline::Compress;
+use crate::image::pipeline::Compress;
 
 /// Port the receiver listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";
@@ -191,7 +191,7 @@ fn read_registry(env: &mut Env<'_>, get: &dyn Fn(&str) -> Option<String>) -> Reg
 }
 
 /// 64 hex digits, optionally prefixed `sha256:`; returned lowercase without the prefix.
-pub fn parse_sha256(v: &str) -> Result<String, String> {
+fn parse_sha256(v: &str) -> Result<String, String> {
     let hex = v.strip_prefix("sha256:").unwrap_or(v);
     if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(hex.to_ascii_lowercase())
@@ -203,7 +203,7 @@ pub fn parse_sha256(v: &str) -> Result<String, String> {
 /// `host[:port]/path/repository:tag`: the registry host must be explicit (a name with a dot or
 /// a port, or `localhost`), and so must the tag; a digest is refused because the receiver
 /// pushes a tag and reads it back.
-pub fn parse_target(v: &str) -> Result<String, String> {
+fn parse_target(v: &str) -> Result<String, String> {
     const SHAPE: &str = "expected host[:port]/path/repository:tag";
     if v.contains('@') {
         return Err(format!("{SHAPE} (a tag, not a digest)"));

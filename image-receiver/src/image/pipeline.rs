@@ -101,7 +101,7 @@ pub struct ProcessError {
 
 impl ProcessError {
     /// An error with `message`.
-    pub fn new(message: impl Into<String>) -> Self {
+    fn new(message: impl Into<String>) -> Self {
         ProcessError {
             message: message.into(),
         }
