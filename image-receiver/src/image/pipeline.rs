@@ -291,10 +291,12 @@ async fn push_docker_layer(
                 })?
         };
         if diff_id != layer.diff_id {
-            return Err(PushError::Content(format!(
-                "layer {} in the file does not match its diff_id {} (its content hashes to {diff_id}): the file is damaged",
-                layer.name, layer.diff_id
-            )));
+            let mismatch = compress::LayerError::DiffId {
+                name: layer.name.clone(),
+                diff_id: layer.diff_id.clone(),
+                actual: diff_id,
+            };
+            return Err(PushError::Content(mismatch.to_string()));
         }
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
