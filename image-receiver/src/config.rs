@@ -1,11 +1,15 @@
 //! The receiver's configuration: every environment variable, its default, and one error per bad
 //! variable (name and value kept in the error) so a single restart shows every mistake. Read
 //! through [`runr_base::env::Env`], with its grammar (an empty value is unset, flags, levels);
-//! [`VARS`] and [`REGISTRY_VARS`] are the table `version`/`help` print.
+//! [`VARS`] and the registry's own rows (`runr_registry::config::VARS`) are the table
+//! `version`/`help` print.
 
 use std::path::PathBuf;
 
 use runr_base::env::{ConfigErrors, Env, VarDoc};
+use runr_registry::config::VARS as REGISTRY_VARS;
+use runr_registry::digest::parse_sha256;
+use runr_registry::reference::{check_image_name, parse_push_target};
 use runr_registry::RegistryConfig;
 
 use crate::image::pipeline::Compress;
@@ -69,27 +73,6 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
 ];
 
-/// The registry variables, read by `serve` and `fetch` (parsed by `runr-registry`).
-pub const REGISTRY_VARS: &[VarDoc] = &[
-    VarDoc::new(
-        runr_registry::config::ENV_PLAIN_HTTP,
-        "0",
-        "1 for a registry without TLS",
-    ),
-    VarDoc::optional(
-        runr_registry::config::ENV_USERNAME,
-        "registry user (basic auth and token flow)",
-    ),
-    VarDoc::optional(
-        runr_registry::config::ENV_PASSWORD,
-        "registry password or token",
-    ),
-    VarDoc::optional(
-        runr_registry::config::ENV_CA_FILE,
-        "extra CA certificates (PEM)",
-    ),
-];
-
 /// The `Environment variables:` section of `version`/`help`.
 pub fn help() -> String {
     runr_base::env::help(&[VARS, REGISTRY_VARS])
@@ -142,15 +125,17 @@ impl Config {
         });
         let sha256 = env.required(ENV_UPLOAD_SHA256, parse_sha256);
         let filename = env.value(ENV_UPLOAD_FILENAME);
-        let name = env.optional(ENV_UPLOAD_NAME, |v| check_name(v).map(|()| v.to_string()));
-        let target = env.required(ENV_UPLOAD_TARGET, parse_target);
+        let name = env.optional(ENV_UPLOAD_NAME, |v| {
+            check_image_name(v).map(|()| v.to_string())
+        });
+        let target = env.required(ENV_UPLOAD_TARGET, parse_push_target);
         let compress = env.parse(ENV_UPLOAD_COMPRESS, DEFAULT_COMPRESS, |v| match v {
             "gzip" => Ok(Compress::Gzip),
             "none" => Ok(Compress::None),
             _ => Err("expected gzip or none".into()),
         });
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
-        let registry = read_registry(&mut env, get);
+        let registry = RegistryConfig::read(&mut env);
         let required = size.zip(sha256).zip(target);
         env.finish_with(required.map(|((size, sha256), target)| Config {
             port,
@@ -172,65 +157,8 @@ pub fn registry_from_lookup(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RegistryConfig, ConfigErrors> {
     let mut env = Env::new(get);
-    let registry = read_registry(&mut env, get);
+    let registry = RegistryConfig::read(&mut env);
     env.finish_with(Some(registry))
-}
-
-/// `RUNR_REGISTRY_*` through runr-registry's parser, its refusals recorded in `env`.
-fn read_registry(env: &mut Env<'_>, get: &dyn Fn(&str) -> Option<String>) -> RegistryConfig {
-    let mut errors = Vec::new();
-    // Blank is unset, as everywhere, but values are not trimmed (`Env::value` would): a
-    // password may begin or end with a blank.
-    let raw = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-    let registry = RegistryConfig::from_lookup(&raw, &mut errors);
-    for e in errors {
-        let value = Some(e.value.as_str()).filter(|v| !v.is_empty());
-        env.reject(e.name, value, e.reason);
-    }
-    registry
-}
-
-/// 64 hex digits, optionally prefixed `sha256:`; returned lowercase without the prefix.
-fn parse_sha256(v: &str) -> Result<String, String> {
-    let hex = v.strip_prefix("sha256:").unwrap_or(v);
-    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(hex.to_ascii_lowercase())
-    } else {
-        Err("expected a SHA-256 digest: 64 hex digits".into())
-    }
-}
-
-/// `host[:port]/path/repository:tag`: the registry host must be explicit (a name with a dot or
-/// a port, or `localhost`), and so must the tag; a digest is refused because the receiver
-/// pushes a tag and reads it back.
-fn parse_target(v: &str) -> Result<String, String> {
-    const SHAPE: &str = "expected host[:port]/path/repository:tag";
-    if v.contains('@') {
-        return Err(format!("{SHAPE} (a tag, not a digest)"));
-    }
-    let Some((host, rest)) = v.split_once('/') else {
-        return Err(format!("{SHAPE} (no registry host)"));
-    };
-    if !(host.contains('.') || host.contains(':') || host == "localhost") {
-        return Err(format!("{SHAPE} ({host:?} is not a registry host)"));
-    }
-    let last = rest.rsplit('/').next().unwrap_or(rest);
-    if !last.contains(':') {
-        return Err(format!("{SHAPE} (no tag)"));
-    }
-    // The client crate's parser checks the rest of the grammar (characters, lengths).
-    v.parse::<runr_registry::oci_client::Reference>()
-        .map_err(|e| format!("{SHAPE} ({e})"))?;
-    Ok(v.to_string())
-}
-
-/// `repository[:tag]` in the grammar of image references (lowercase path components).
-fn check_name(v: &str) -> Result<(), String> {
-    let probe = format!("localhost/{v}");
-    match probe.parse::<runr_registry::oci_client::Reference>() {
-        Ok(_) if !v.contains('@') => Ok(()),
-        _ => Err("expected repository[:tag], e.g. myapp:1.0".into()),
-    }
 }
 
 #[cfg(test)]
@@ -318,7 +246,7 @@ mod tests {
             (ENV_UPLOAD_COMPRESS, "zstd"),
             (ENV_UPLOAD_NAME, "Bad Name"),
             (ENV_LOG, "loud"),
-            ("RUNR_REGISTRY_PLAIN_HTTP", "yes"),
+            ("RUNR_REGISTRY_PLAIN_HTTP", "maybe"),
         ])
         .unwrap_err();
         assert_eq!(
@@ -348,38 +276,6 @@ mod tests {
                 [ENV_UPLOAD_SIZE],
                 "{bad}"
             );
-        }
-    }
-
-    #[test]
-    fn sha256_forms() {
-        assert_eq!(parse_sha256(SUM).unwrap(), SUM);
-        assert_eq!(parse_sha256(&format!("sha256:{SUM}")).unwrap(), SUM);
-        assert_eq!(parse_sha256(&SUM.to_uppercase()).unwrap(), SUM);
-        assert!(parse_sha256(&SUM[1..]).is_err());
-        assert!(parse_sha256(&format!("{}g", &SUM[1..])).is_err());
-        assert!(parse_sha256(&format!("md5:{SUM}")).is_err());
-    }
-
-    #[test]
-    fn target_forms() {
-        for ok in [
-            "127.0.0.1:5000/runr-uploads/platform/app:1.0",
-            "registry.example.com/a/b/c:latest",
-            "localhost/app:v1",
-            "10.43.0.5:5000/app:1",
-        ] {
-            assert_eq!(parse_target(ok).as_deref(), Ok(ok), "{ok}");
-        }
-        for bad in [
-            "app:1.0",
-            "corpus/app:1.0",
-            "registry.example.com/app",
-            "127.0.0.1:5000/app@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-            "127.0.0.1:5000/App:1",
-            "127.0.0.1:5000/:1",
-        ] {
-            assert!(parse_target(bad).is_err(), "{bad}");
         }
     }
 

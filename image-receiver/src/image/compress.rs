@@ -18,8 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use runr_base::fmt::hex;
-use sha2::{Digest as _, Sha256};
+use runr_registry::Sha256Hasher;
 
 use crate::image::span::{Span, SpanReader};
 
@@ -89,8 +88,8 @@ pub fn compress_layer(
     let mut writer = io::BufWriter::with_capacity(1 << 20, &out);
     // Not a hashing reader: the raw blocks are hashed below while they compress.
     let mut reader = SpanReader::new(file.clone(), span);
-    let mut raw = Sha256::new();
-    let mut packed = Sha256::new();
+    let mut raw = Sha256Hasher::new();
+    let mut packed = Sha256Hasher::new();
     let mut len = 0u64;
     let mut first = true;
     while reader.remaining() > 0 || first {
@@ -131,7 +130,7 @@ pub fn compress_layer(
         .flush()
         .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
     drop(writer);
-    let actual = format!("sha256:{}", hex(&raw.finalize()));
+    let actual = raw.finish();
     if actual != diff_id {
         return Err(LayerError::DiffId {
             name: name.to_string(),
@@ -139,11 +138,7 @@ pub fn compress_layer(
             actual,
         });
     }
-    Ok((
-        Arc::new(out),
-        len,
-        format!("sha256:{}", hex(&packed.finalize())),
-    ))
+    Ok((Arc::new(out), len, packed.finish()))
 }
 
 /// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id),
@@ -151,7 +146,7 @@ pub fn compress_layer(
 pub fn gzip_digests(file: &Arc<File>, span: Span) -> io::Result<(String, String)> {
     let src = SpanReader::hashing(file.clone(), span);
     let mut gz = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, src));
-    let mut raw = Sha256::new();
+    let mut raw = Sha256Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = gz.read(&mut buf)?;
@@ -163,10 +158,7 @@ pub fn gzip_digests(file: &Arc<File>, span: Span) -> io::Result<(String, String)
     let mut src = gz.into_inner().into_inner();
     // Trailing bytes after the last member still belong to the blob.
     src.consume()?;
-    Ok((
-        src.digest().expect("a hashing reader"),
-        format!("sha256:{}", hex(&raw.finalize())),
-    ))
+    Ok((src.digest().expect("a hashing reader"), raw.finish()))
 }
 
 /// Why a whole-archive gzip could not be unwrapped.

@@ -15,5 +15,4 @@ pub mod fetch;
 pub(crate) mod formats;
 pub mod pipeline;
 pub(crate) mod push;
-pub(crate) mod reference;
 pub(crate) mod span;

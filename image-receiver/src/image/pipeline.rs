@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
-use runr_registry::Backoff;
+use runr_registry::{sha256_digest, Backoff};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -374,7 +374,7 @@ async fn push_written_manifest(
 ) -> Result<RawManifest, PushError> {
     let bytes = serde_json::to_vec(manifest).expect("a JSON value serializes");
     let raw = RawManifest {
-        digest: formats::sha256_digest(&bytes),
+        digest: sha256_digest(&bytes),
         media_type: media::OCI_MANIFEST.into(),
         bytes,
     };
@@ -405,7 +405,7 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
         "layerDigests": [digest],
     }))
     .expect("a config serializes");
-    let config_digest = formats::sha256_digest(&config);
+    let config_digest = sha256_digest(&config);
     pusher
         .push_span(&module.file, module.span, &digest, "module")
         .await?;

@@ -10,8 +10,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use runr_base::fmt::hex;
-use sha2::{Digest as _, Sha256};
+use runr_registry::Sha256Hasher;
 
 /// How much [`SpanReader::consume`] reads at a time.
 const CONSUME_BLOCK: usize = 1 << 20;
@@ -38,7 +37,7 @@ pub struct SpanReader {
     pos: u64,
     end: u64,
     /// SHA-256 of what was read so far, when asked for.
-    hasher: Option<Sha256>,
+    hasher: Option<Sha256Hasher>,
 }
 
 impl SpanReader {
@@ -55,7 +54,7 @@ impl SpanReader {
     /// A reader of `span` of `file` that hashes what it reads ([`SpanReader::digest`]).
     pub fn hashing(file: Arc<File>, span: Span) -> SpanReader {
         SpanReader {
-            hasher: Some(Sha256::new()),
+            hasher: Some(Sha256Hasher::new()),
             ..SpanReader::new(file, span)
         }
     }
@@ -88,8 +87,7 @@ impl SpanReader {
 
     /// `sha256:…` of every byte read so far; `None` for a reader made without hashing.
     pub fn digest(&self) -> Option<String> {
-        let hasher = self.hasher.clone()?;
-        Some(format!("sha256:{}", hex(&hasher.finalize())))
+        self.hasher.clone().map(Sha256Hasher::finish)
     }
 
     fn advance(&mut self, read: &[u8]) {
@@ -116,6 +114,8 @@ impl Read for SpanReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runr_base::fmt::hex;
+    use sha2::{Digest as _, Sha256};
     use std::io::Write as _;
 
     fn file(data: &[u8]) -> Arc<File> {

@@ -4,12 +4,11 @@
 
 use std::io;
 
+use runr_registry::reference::names_match;
 use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 
 use crate::image::archive::ArchiveError;
 use crate::image::compress::DecompressError;
-use crate::image::reference;
 use crate::image::span::Span;
 
 /// JSON documents read from an archive (manifests, indexes, configs) are refused above this.
@@ -130,18 +129,12 @@ pub struct RawManifest {
     pub bytes: Vec<u8>,
 }
 
-/// `sha256:…` of `data`.
-pub fn sha256_digest(data: &[u8]) -> String {
-    format!("sha256:{}", runr_base::fmt::hex(&Sha256::digest(data)))
-}
-
-/// The archive path of a blob, refusing digests that are not `sha256:<64 hex>`.
+/// The archive path of a blob, refusing digests that are not `sha256:<64 lowercase hex>` (the
+/// only form a layout names blobs by, and the only one a digest we compute can equal).
 pub(super) fn blob_path(digest: &str) -> Result<String, FormatError> {
-    match digest.strip_prefix("sha256:") {
-        Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(format!("blobs/sha256/{h}"))
-        }
-        _ => Err(FormatError::Unsupported(format!(
+    match runr_registry::digest::sha256_hex(digest) {
+        Some(h) => Ok(format!("blobs/sha256/{h}")),
+        None => Err(FormatError::Unsupported(format!(
             "digest {digest:?} is not supported (only sha256)"
         ))),
     }
@@ -211,7 +204,7 @@ pub(super) fn select<T>(
     };
     let mut matching: Vec<T> = images
         .into_iter()
-        .filter(|i| names(i).iter().any(|n| reference::matches(wanted, n)))
+        .filter(|i| names(i).iter().any(|n| names_match(wanted, n)))
         .collect();
     if matching.len() == 1 {
         return Ok(matching.remove(0));
@@ -239,5 +232,6 @@ mod tests {
         assert!(blob_path(&format!("sha256:{}", "a".repeat(64))).is_ok());
         assert!(blob_path("sha256:../../etc").is_err());
         assert!(blob_path(&format!("sha512:{}", "a".repeat(128))).is_err());
+        assert!(blob_path(&format!("sha256:{}", "A".repeat(64))).is_err());
     }
 }

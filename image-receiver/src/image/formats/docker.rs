@@ -1,11 +1,11 @@
 //! Classic `docker save` archives (also podman's): manifest.json lists each image's config and
 //! layer tars, and there is no manifest to push: the pipeline writes an OCI one.
 
+use runr_registry::sha256_digest;
 use serde::Deserialize;
 
 use super::common::{
-    blob_path, parse_json, platform_string, select, sha256_digest, ConfigProbe, FormatError,
-    MAX_DOCUMENT,
+    blob_path, parse_json, platform_string, select, ConfigProbe, FormatError, MAX_DOCUMENT,
 };
 use crate::image::archive::{Archive, ArchiveError};
 use crate::image::span::Span;

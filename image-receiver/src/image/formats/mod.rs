@@ -20,7 +20,7 @@ use crate::image::archive::{Archive, ArchiveError};
 use crate::image::compress::{self, DECOMPRESS_HEADROOM};
 use crate::image::span::{Span, SpanReader};
 
-pub(crate) use self::common::{media, sha256_digest, FormatError, RawManifest};
+pub(crate) use self::common::{media, FormatError, RawManifest};
 
 pub(crate) mod common;
 pub(crate) mod docker;

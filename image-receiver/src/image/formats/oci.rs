@@ -5,11 +5,12 @@
 use std::collections::BTreeSet;
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
+use runr_registry::sha256_digest;
 use serde::Deserialize;
 
 use super::common::{
-    blob_path, media, parse_json, platform_string, select, sha256_digest, BlobRef, ConfigProbe,
-    FormatError, RawManifest, MAX_DOCUMENT,
+    blob_path, media, parse_json, platform_string, select, BlobRef, ConfigProbe, FormatError,
+    RawManifest, MAX_DOCUMENT,
 };
 use crate::image::archive::{Archive, ArchiveError};
 
