@@ -11,7 +11,6 @@
 //! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
 //!   the caller must see (readiness probes, `Retry-After`, Range probes);
 //! - [`roots`]: a system CA store for scratch images, which oci-client needs to build a client;
-//! - [`legacy`]: the receiver's old config entry point, until it reads through `runr_base::env`.
 
 #![forbid(unsafe_code)]
 
@@ -19,7 +18,6 @@ pub mod client;
 pub mod config;
 pub mod digest;
 pub mod http;
-pub mod legacy;
 pub mod reference;
 pub mod retry;
 pub mod roots;
@@ -27,8 +25,6 @@ pub mod roots;
 pub use client::{build_client, client_config, client_from, ClientError, Timeouts};
 pub use config::RegistryConfig;
 pub use digest::{is_sha256, sha256_digest, Sha256Hasher};
-/// Transitional: image-receiver's old config error (see [`legacy`]).
-pub use legacy::ConfigError;
 pub use reference::ImageRef;
 pub use retry::{is_transient, Backoff};
 pub use roots::ensure_system_roots;
