@@ -1,0 +1,664 @@
+//! Every variable of runr-queue, its default, and the one pass that reads them all
+//! ([`Config::from_lookup`]): each bad variable is one [`ConfigError`] naming it.
+
+use std::time::Duration;
+
+use runr_base::env::{display_duration, ConfigError, ConfigErrors, Env, VarDoc};
+
+/// Where Redis is: `redis://[user:password@]host:port[/db]`, or `rediss://…` for TLS with the
+/// built-in roots. Required.
+pub const ENV_REDIS_URL: &str = "RUNR_QUEUE_REDIS_URL";
+/// The stream to consume. Required.
+pub const ENV_STREAM: &str = "RUNR_QUEUE_STREAM";
+/// The consumer group; created at `$` (new entries only) with `MKSTREAM` when missing. Required.
+pub const ENV_GROUP: &str = "RUNR_QUEUE_GROUP";
+/// This consumer's name within the group. Defaults to `$HOSTNAME` (the pod's name).
+pub const ENV_CONSUMER: &str = "RUNR_QUEUE_CONSUMER";
+/// Read only as the default of [`ENV_CONSUMER`]; the kubelet sets it to the pod's name.
+pub const ENV_HOSTNAME: &str = "HOSTNAME";
+/// The function's URL, `http://host[:port][/path]`. Required.
+pub const ENV_TARGET: &str = "RUNR_QUEUE_TARGET";
+/// Entries in hand at once: being delivered, or waiting for their next retry.
+pub const ENV_CONCURRENCY: &str = "RUNR_QUEUE_CONCURRENCY";
+const DEFAULT_CONCURRENCY: usize = 8;
+const MAX_CONCURRENCY: usize = 1024;
+/// Deliveries of one entry before it goes to the dead-letter stream.
+pub const ENV_MAX_ATTEMPTS: &str = "RUNR_QUEUE_MAX_ATTEMPTS";
+const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+const MAX_MAX_ATTEMPTS: u32 = 1000;
+/// The first retry's delay; it doubles per retry, with equal jitter, up to [`ENV_BACKOFF_MAX`].
+pub const ENV_BACKOFF: &str = "RUNR_QUEUE_BACKOFF";
+const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest retry delay (a 503's `Retry-After` may ask for more, and gets it).
+pub const ENV_BACKOFF_MAX: &str = "RUNR_QUEUE_BACKOFF_MAX";
+const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Time limit of one delivery: connecting, sending and the answer's status line and headers.
+pub const ENV_TIMEOUT: &str = "RUNR_QUEUE_TIMEOUT";
+/// Knative's default request timeout: a function's own timeout (`RUNR_TIMEOUT`, below it)
+/// answers first, with its error class.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Entries pending this long on another consumer (one that is gone) are claimed and delivered
+/// again.
+pub const ENV_CLAIM_IDLE: &str = "RUNR_QUEUE_CLAIM_IDLE";
+const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(60);
+/// Largest CloudEvent body (the entry's fields as JSON); a larger entry is dead-lettered at once
+/// with `runr-error: limit`.
+pub const ENV_MAX_BODY: &str = "RUNR_QUEUE_MAX_BODY";
+const DEFAULT_MAX_BODY: u64 = 1 << 20;
+const MAX_BODY_RANGE: std::ops::RangeInclusive<u64> = 1024..=(64 << 20);
+/// How long deliveries in flight may finish after SIGTERM.
+pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
+/// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
+const DEFAULT_DRAIN: Duration = Duration::from_secs(25);
+/// Log level of the consumer's own lines.
+pub const ENV_LOG: &str = "RUNR_QUEUE_LOG";
+const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+const MS: Duration = Duration::from_millis(1);
+
+/// The variables table that `help` and `version` print.
+pub const VARS: &[VarDoc] = &[
+    VarDoc::required(
+        ENV_REDIS_URL,
+        "redis://[user:password@]host:port[/db], or rediss:// (TLS, built-in roots)",
+    ),
+    VarDoc::required(ENV_STREAM, "the stream to consume"),
+    VarDoc::required(
+        ENV_GROUP,
+        "the consumer group (created at $ with MKSTREAM when missing)",
+    ),
+    VarDoc::new(
+        ENV_CONSUMER,
+        "$HOSTNAME",
+        "this consumer's name in the group",
+    ),
+    VarDoc::optional(ENV_HOSTNAME, "the default consumer name (the pod's name)"),
+    VarDoc::required(ENV_TARGET, "the function's URL, http://host[:port][/path]"),
+    VarDoc::new(
+        ENV_CONCURRENCY,
+        "8",
+        "entries in hand at once (delivering or waiting to retry), 1-1024",
+    ),
+    VarDoc::new(
+        ENV_MAX_ATTEMPTS,
+        "5",
+        "deliveries per entry before the dead-letter stream <stream>-dlq, 1-1000",
+    ),
+    VarDoc::new(
+        ENV_BACKOFF,
+        "1s",
+        "first retry delay; doubles per retry with equal jitter",
+    ),
+    VarDoc::new(
+        ENV_BACKOFF_MAX,
+        "60s",
+        "longest retry delay (a 503's Retry-After may ask for more)",
+    ),
+    VarDoc::new(ENV_TIMEOUT, "5m", "time limit of one delivery"),
+    VarDoc::new(
+        ENV_CLAIM_IDLE,
+        "60s",
+        "claim entries pending this long on a consumer that is gone",
+    ),
+    VarDoc::new(
+        ENV_MAX_BODY,
+        "1MiB",
+        "largest event body (fields as JSON); larger entries are dead-lettered",
+    ),
+    VarDoc::new(
+        ENV_DRAIN,
+        "25s",
+        "how long in-flight deliveries may finish after SIGTERM",
+    ),
+    VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
+];
+
+/// Where the consumer finds Redis.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    url: String,
+    /// The URL without its credentials, for logs.
+    pub display: String,
+    /// `rediss://`: TLS with the built-in roots.
+    pub tls: bool,
+}
+
+impl RedisUrl {
+    /// The URL as configured, credentials included (never log it).
+    pub fn secret(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+/// The function's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Host name or address to connect to.
+    pub host: String,
+    /// TCP port (80 when the URL names none).
+    pub port: u16,
+    /// The `Host` header: the URL's authority as written.
+    pub authority: String,
+    /// Path and query of every request, `/` at least.
+    pub path: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+/// Everything runr-queue is configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// [`ENV_REDIS_URL`].
+    pub redis: RedisUrl,
+    /// [`ENV_STREAM`].
+    pub stream: String,
+    /// [`ENV_GROUP`].
+    pub group: String,
+    /// [`ENV_CONSUMER`].
+    pub consumer: String,
+    /// [`ENV_TARGET`].
+    pub target: Target,
+    /// [`ENV_CONCURRENCY`].
+    pub concurrency: usize,
+    /// [`ENV_MAX_ATTEMPTS`].
+    pub max_attempts: u32,
+    /// [`ENV_BACKOFF`].
+    pub backoff: Duration,
+    /// [`ENV_BACKOFF_MAX`].
+    pub backoff_max: Duration,
+    /// [`ENV_TIMEOUT`].
+    pub timeout: Duration,
+    /// [`ENV_CLAIM_IDLE`].
+    pub claim_idle: Duration,
+    /// [`ENV_MAX_BODY`], in bytes.
+    pub max_body: usize,
+    /// [`ENV_DRAIN`].
+    pub drain: Duration,
+    /// [`ENV_LOG`].
+    pub log_level: tracing::Level,
+}
+
+impl Config {
+    /// Reads every variable through `get`; every bad one is an error in the result.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut env = Env::new(get);
+        let redis = redis_url(&mut env);
+        let stream = env.required(ENV_STREAM, parse_name);
+        let group = env.required(ENV_GROUP, parse_name);
+        let consumer = match env.value(ENV_CONSUMER) {
+            Some(v) => check_name(&mut env, ENV_CONSUMER, &v),
+            None => match env.value(ENV_HOSTNAME) {
+                Some(v) => check_name(&mut env, ENV_HOSTNAME, &v),
+                None => {
+                    env.reject(ENV_CONSUMER, None, "required when HOSTNAME is not set");
+                    None
+                }
+            },
+        };
+        let target = env.required(ENV_TARGET, parse_target);
+        let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=MAX_CONCURRENCY);
+        let max_attempts = env.count(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, 1..=MAX_MAX_ATTEMPTS);
+        let backoff = env.duration_in(ENV_BACKOFF, DEFAULT_BACKOFF, MS..=Duration::from_secs(3600));
+        let backoff_max = env.duration_in(ENV_BACKOFF_MAX, DEFAULT_BACKOFF_MAX, MS..=DAY);
+        if backoff_max < backoff {
+            let value = env.value(ENV_BACKOFF_MAX);
+            env.reject(
+                ENV_BACKOFF_MAX,
+                Some(value.as_deref().unwrap_or(&display_duration(backoff_max))),
+                format!(
+                    "must be at least {ENV_BACKOFF} ({})",
+                    display_duration(backoff)
+                ),
+            );
+        }
+        let timeout = env.duration_in(ENV_TIMEOUT, DEFAULT_TIMEOUT, MS..=DAY);
+        let claim_idle = env.duration_in(
+            ENV_CLAIM_IDLE,
+            DEFAULT_CLAIM_IDLE,
+            Duration::from_millis(100)..=DAY,
+        );
+        let max_body = env.size_in(ENV_MAX_BODY, DEFAULT_MAX_BODY, MAX_BODY_RANGE) as usize;
+        let drain = env.duration_in(
+            ENV_DRAIN,
+            DEFAULT_DRAIN,
+            Duration::ZERO..=Duration::from_secs(3600),
+        );
+        let log_level = env.level(ENV_LOG, DEFAULT_LOG);
+
+        let value = (|| {
+            Some(Config {
+                redis: redis?,
+                stream: stream?,
+                group: group?,
+                consumer: consumer?,
+                target: target?,
+                concurrency,
+                max_attempts,
+                backoff,
+                backoff_max,
+                timeout,
+                claim_idle,
+                max_body,
+                drain,
+                log_level,
+            })
+        })();
+        env.finish_with(value)
+    }
+
+    /// The dead-letter stream, `<stream>-dlq`.
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}-dlq", self.stream)
+    }
+}
+
+/// Reads [`ENV_REDIS_URL`] by hand: a bad value is reported without its password.
+fn redis_url(env: &mut Env<'_>) -> Option<RedisUrl> {
+    let Some(url) = env.value(ENV_REDIS_URL) else {
+        env.reject(ENV_REDIS_URL, None, "required");
+        return None;
+    };
+    match parse_redis_url(&url) {
+        Ok(r) => Some(r),
+        Err(reason) => {
+            let shown = redact(&url);
+            env.reject(ENV_REDIS_URL, Some(&shown), reason);
+            None
+        }
+    }
+}
+
+const REDIS_FORMS: &str =
+    "expected redis://[user:password@]host:port[/db] or rediss://[user:password@]host:port[/db]";
+
+/// `redis://[user:password@]host[:port][/db]` or `rediss://…`; redis-rs parses it once more when
+/// connecting, and must accept what this accepts.
+pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("redis://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("rediss://") {
+        (true, rest)
+    } else {
+        return Err(REDIS_FORMS.to_string());
+    };
+    if url.contains('#') {
+        // redis-rs reads `#insecure` as "do not verify the certificate": never from here.
+        return Err(format!("a fragment (#…) is not allowed: {REDIS_FORMS}"));
+    }
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = split_host_port(host_port)?;
+    if host.is_empty() {
+        return Err(format!("no host: {REDIS_FORMS}"));
+    }
+    if let Some(p) = port {
+        runr_base::env::parse_port(p)?;
+    }
+    let db = path.split('?').next().unwrap_or("").trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!(
+            "the database {db:?} is not a number: {REDIS_FORMS}"
+        ));
+    }
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url) {
+        // Only the category: redis-rs's detail may quote the URL, password and all.
+        return Err(format!("not a Redis URL ({}): {REDIS_FORMS}", e.category()));
+    }
+    Ok(RedisUrl {
+        url: url.to_string(),
+        display: redact(url),
+        tls,
+    })
+}
+
+/// `host:port`, `[v6]:port`, `host`: the host and the port text, if any.
+fn split_host_port(s: &str) -> Result<(&str, Option<&str>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed [ in the host: {REDIS_FORMS}"))?;
+        return match tail.strip_prefix(':') {
+            Some(p) => Ok((host, Some(p))),
+            None if tail.is_empty() => Ok((host, None)),
+            None => Err(REDIS_FORMS.to_string()),
+        };
+    }
+    Ok(match s.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (s, None),
+    })
+}
+
+/// The URL with any `user:password@` replaced by `***@`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// Stream, group and consumer names go into header values (`ce-source`) and log lines: visible
+/// ASCII, no spaces, at most 200 bytes.
+fn parse_name(v: &str) -> Result<String, String> {
+    if v.len() > 200 {
+        return Err("at most 200 characters".to_string());
+    }
+    if !v.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("only visible ASCII characters (no spaces or control characters)".to_string());
+    }
+    Ok(v.to_string())
+}
+
+fn check_name(env: &mut Env<'_>, name: &'static str, value: &str) -> Option<String> {
+    match parse_name(value) {
+        Ok(v) => Some(v),
+        Err(reason) => {
+            env.reject(name, Some(value), reason);
+            None
+        }
+    }
+}
+
+/// `http://host[:port][/path][?query]`.
+pub fn parse_target(v: &str) -> Result<Target, String> {
+    const FORMS: &str = "expected http://host[:port][/path]";
+    let uri: http::Uri = v.parse().map_err(|_| FORMS.to_string())?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(format!(
+            "https is not supported (the function's in-cluster address speaks plain HTTP): {FORMS}"
+        )),
+        _ => return Err(FORMS.to_string()),
+    }
+    let authority = uri.authority().ok_or_else(|| FORMS.to_string())?;
+    if authority.as_str().contains('@') {
+        return Err(format!("credentials in the URL are not supported: {FORMS}"));
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    if host.is_empty() {
+        return Err(FORMS.to_string());
+    }
+    let port = match authority.port() {
+        Some(p) => runr_base::env::parse_port(p.as_str())?,
+        None => 80,
+    };
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .filter(|p| !p.is_empty())
+        .unwrap_or("/");
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    Ok(Target {
+        host: host.to_string(),
+        port,
+        authority: authority.as_str().to_string(),
+        path,
+    })
+}
+
+/// `ConfigError`s as the lines `main` prints: one per bad variable.
+pub fn error_lines(errors: &ConfigErrors) -> Vec<String> {
+    errors.0.iter().map(ConfigError::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runr_base::env::{names_read, unlisted};
+    use std::collections::HashMap;
+
+    const GOOD: &[(&str, &str)] = &[
+        (ENV_REDIS_URL, "redis://127.0.0.1:6379"),
+        (ENV_STREAM, "orders"),
+        (ENV_GROUP, "orders-api"),
+        (ENV_TARGET, "http://orders.fn.svc.cluster.local"),
+        (ENV_HOSTNAME, "runr-queue-7d9f-abcde"),
+    ];
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(&move |n: &str| map.get(n).cloned())
+    }
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<_> = GOOD
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .copied()
+            .collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.redis.display, "redis://127.0.0.1:6379");
+        assert!(!c.redis.tls);
+        assert_eq!(c.stream, "orders");
+        assert_eq!(c.group, "orders-api");
+        assert_eq!(c.consumer, "runr-queue-7d9f-abcde");
+        assert_eq!(c.target.host, "orders.fn.svc.cluster.local");
+        assert_eq!(c.target.port, 80);
+        assert_eq!(c.target.path, "/");
+        assert_eq!(c.target.authority, "orders.fn.svc.cluster.local");
+        assert_eq!(c.concurrency, 8);
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.backoff, Duration::from_secs(1));
+        assert_eq!(c.backoff_max, Duration::from_secs(60));
+        assert_eq!(c.timeout, Duration::from_secs(300));
+        assert_eq!(c.claim_idle, Duration::from_secs(60));
+        assert_eq!(c.max_body, 1 << 20);
+        assert_eq!(c.drain, Duration::from_secs(25));
+        assert_eq!(c.log_level, tracing::Level::INFO);
+        assert_eq!(c.dead_letter_stream(), "orders-dlq");
+    }
+
+    #[test]
+    fn everything_set() {
+        let c = parse(&with(&[
+            (ENV_REDIS_URL, "rediss://app:s3cret@redis.example:6380/2"),
+            (ENV_CONSUMER, "c1"),
+            (ENV_TARGET, "http://127.0.0.1:8080/queue?x=1"),
+            (ENV_CONCURRENCY, "32"),
+            (ENV_MAX_ATTEMPTS, "3"),
+            (ENV_BACKOFF, "200ms"),
+            (ENV_BACKOFF_MAX, "2s"),
+            (ENV_TIMEOUT, "10s"),
+            (ENV_CLAIM_IDLE, "1s"),
+            (ENV_MAX_BODY, "64KiB"),
+            (ENV_DRAIN, "0"),
+            (ENV_LOG, "debug"),
+        ]))
+        .unwrap();
+        assert!(c.redis.tls);
+        assert_eq!(c.redis.display, "rediss://***@redis.example:6380/2");
+        assert_eq!(c.redis.secret(), "rediss://app:s3cret@redis.example:6380/2");
+        assert_eq!(
+            format!("{:?}", c.redis),
+            "rediss://***@redis.example:6380/2"
+        );
+        assert_eq!(c.consumer, "c1");
+        assert_eq!(c.target.port, 8080);
+        assert_eq!(c.target.path, "/queue?x=1");
+        assert_eq!(c.target.authority, "127.0.0.1:8080");
+        assert_eq!(c.target.to_string(), "http://127.0.0.1:8080/queue?x=1");
+        assert_eq!(c.concurrency, 32);
+        assert_eq!(c.max_attempts, 3);
+        assert_eq!(c.backoff, Duration::from_millis(200));
+        assert_eq!(c.backoff_max, Duration::from_secs(2));
+        assert_eq!(c.timeout, Duration::from_secs(10));
+        assert_eq!(c.claim_idle, Duration::from_secs(1));
+        assert_eq!(c.max_body, 64 << 10);
+        assert_eq!(c.drain, Duration::ZERO);
+        assert_eq!(c.log_level, tracing::Level::DEBUG);
+    }
+
+    #[test]
+    fn every_bad_variable_is_named_once() {
+        let errors = parse(&[
+            (ENV_REDIS_URL, "http://u:hunter2@host:6379"),
+            (ENV_STREAM, "has space"),
+            (ENV_TARGET, "https://fn.example"),
+            (ENV_CONCURRENCY, "0"),
+            (ENV_MAX_ATTEMPTS, "many"),
+            (ENV_BACKOFF, "5m"),
+            (ENV_BACKOFF_MAX, "1m"),
+            (ENV_TIMEOUT, "soon"),
+            (ENV_CLAIM_IDLE, "10ms"),
+            (ENV_MAX_BODY, "100"),
+            (ENV_DRAIN, "2h"),
+            (ENV_LOG, "loud"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            errors.names(),
+            [
+                ENV_REDIS_URL,
+                ENV_STREAM,
+                ENV_GROUP,
+                ENV_CONSUMER,
+                ENV_TARGET,
+                ENV_CONCURRENCY,
+                ENV_MAX_ATTEMPTS,
+                ENV_BACKOFF_MAX,
+                ENV_TIMEOUT,
+                ENV_CLAIM_IDLE,
+                ENV_MAX_BODY,
+                ENV_DRAIN,
+                ENV_LOG,
+            ]
+        );
+        let lines = error_lines(&errors);
+        assert_eq!(lines.len(), 13);
+        // The password never shows, not even in the error about the URL it is in.
+        assert!(lines.iter().all(|l| !l.contains("hunter2")), "{lines:?}");
+        assert!(
+            lines[0]
+                .starts_with(r#"RUNR_QUEUE_REDIS_URL="http://***@host:6379": expected redis://"#),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(
+            lines[3],
+            "RUNR_QUEUE_CONSUMER=<unset>: required when HOSTNAME is not set"
+        );
+        assert!(lines[4].contains("https is not supported"), "{}", lines[4]);
+        assert_eq!(
+            lines[7],
+            r#"RUNR_QUEUE_BACKOFF_MAX="1m": must be at least RUNR_QUEUE_BACKOFF (5m)"#
+        );
+    }
+
+    #[test]
+    fn redis_urls() {
+        for good in [
+            "redis://localhost",
+            "redis://localhost:6379",
+            "redis://:pw@localhost:6379/0",
+            "redis://user:pw@10.0.0.1:6379/15",
+            "rediss://redis.example:6380",
+            "redis://[::1]:6379",
+        ] {
+            assert!(parse_redis_url(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "localhost:6379",
+            "redis://",
+            "redis://:6379",
+            "redis://host:0",
+            "redis://host:99999",
+            "redis://host:6379/db1",
+            "rediss://host:6380#insecure",
+            "unix:///tmp/redis.sock",
+            "redis+unix:///tmp/redis.sock",
+            "redis://[::1",
+        ] {
+            assert!(parse_redis_url(bad).is_err(), "{bad:?} should be rejected");
+        }
+        assert_eq!(redact("redis://a:b@h:1/2"), "redis://***@h:1/2");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("redis://h:1/x@y"), "redis://h:1/x@y");
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            parse_target("http://[::1]:9000/p").unwrap(),
+            Target {
+                host: "::1".into(),
+                port: 9000,
+                authority: "[::1]:9000".into(),
+                path: "/p".into()
+            }
+        );
+        assert_eq!(parse_target("http://fn?q=1").unwrap().path, "/?q=1");
+        for bad in [
+            "fn.example",
+            "ftp://fn",
+            "http://",
+            "http://u:p@fn",
+            "http://fn:0",
+            "https://fn",
+        ] {
+            assert!(parse_target(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn names_are_visible_ascii() {
+        let long = "x".repeat(201);
+        for bad in ["a b", "a\tb", "é", long.as_str()] {
+            assert!(parse_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_name("orders.v2-{eu}").unwrap(), "orders.v2-{eu}");
+    }
+
+    #[test]
+    fn every_variable_read_is_in_the_table() {
+        // Both branches of the consumer's default, and every optional variable set.
+        for vars in [GOOD.to_vec(), with(&[(ENV_CONSUMER, "c")])] {
+            let read = names_read(&vars, |get| {
+                let _ = Config::from_lookup(get);
+            });
+            assert_eq!(unlisted(&[VARS], &read), Vec::<String>::new());
+            assert!(read.iter().any(|n| n == ENV_DRAIN));
+        }
+        // And the table lists nothing that is never read.
+        let read = names_read(GOOD, |get| {
+            let _ = Config::from_lookup(get);
+        });
+        for v in VARS {
+            assert!(read.iter().any(|n| n == v.name), "{} is never read", v.name);
+        }
+    }
+}

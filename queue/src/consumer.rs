@@ -1,0 +1,597 @@
+//! The consumer: reads entries, delivers each to the function until it is acknowledged or
+//! dead-lettered, and takes over what consumers that are gone left pending.
+//!
+//! Tasks (one tokio thread):
+//! - the reader: our own pending entries first (a restart of this consumer), then new ones with
+//!   `XREADGROUP … >`, never more at once than there are free slots;
+//! - the claimer: every `CLAIM_IDLE / 2`, `XAUTOCLAIM` of entries idle that long on any consumer;
+//! - the heartbeat: every `CLAIM_IDLE / 3`, resets the idle time of the entries in hand, so a
+//!   slow delivery or a long backoff is not mistaken for a dead consumer;
+//! - one task per entry in hand, holding a slot (`RUNR_QUEUE_CONCURRENCY`) from the moment it was
+//!   read until it is acknowledged, dead-lettered, or left pending at shutdown.
+//!
+//! Attempt numbers live in Redis, as the entry's delivery count: a read or claim counts one, and
+//! before every retry `XCLAIM … RETRYCOUNT n` sets it to the attempt about to be made. A consumer
+//! killed mid-attempt therefore leaves the count at that attempt, and whoever delivers the entry
+//! next counts one more.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::answer::Verdict;
+use crate::backoff::{random, retry_delay};
+use crate::config::Config;
+use crate::deliver::{Event, Http, Sent};
+use crate::event;
+use crate::store::{Entry, Reader, Store, StoreError, READ_BLOCK};
+
+/// How the consumer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// SIGTERM or SIGINT; `drained` when every delivery in flight finished in time.
+    Stopped {
+        /// Every delivery in flight finished within the drain limit.
+        drained: bool,
+    },
+    /// Redis refused us for good (credentials, permissions, a key that is not a stream).
+    Fatal(String),
+}
+
+/// An entry in hand.
+#[derive(Default)]
+struct Held {
+    /// Set by the heartbeat when the entry is no longer pending (acknowledged or deleted
+    /// elsewhere): its task stops retrying it.
+    lost: AtomicBool,
+}
+
+/// Counters for the last log line.
+#[derive(Default)]
+struct Counts {
+    delivered: AtomicU64,
+    dead_lettered: AtomicU64,
+    left_pending: AtomicU64,
+}
+
+struct Ctx {
+    config: Config,
+    store: Store,
+    http: Http,
+    slots: Arc<Semaphore>,
+    hand: Mutex<HashMap<String, Arc<Held>>>,
+    /// `true` once SIGTERM (or a fatal error) arrived: no more reads, no more retries.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// The reader connection's client id, for `CLIENT UNBLOCK` at shutdown (0: none yet).
+    reader_id: AtomicI64,
+    counts: Counts,
+}
+
+/// Consumes until `shutdown` resolves (or Redis refuses us for good), then drains.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = runr_base::signal::Stop>,
+) -> Ended {
+    crate::roots::install_crypto_provider();
+    let store = match Store::new(&config) {
+        Ok(s) => s,
+        Err(e) => return Ended::Fatal(e.to_string()),
+    };
+    let source = event::source(&config.stream, &config.group);
+    let http = Http::new(config.target.clone(), source, config.concurrency);
+    let (stop, _) = tokio::sync::watch::channel(false);
+    let ctx = Arc::new(Ctx {
+        slots: Arc::new(Semaphore::new(config.concurrency)),
+        config,
+        store,
+        http,
+        hand: Mutex::new(HashMap::new()),
+        stop,
+        reader_id: AtomicI64::new(0),
+        counts: Counts::default(),
+    });
+    tokio::pin!(shutdown);
+
+    // The group first: XREADGROUP needs it.
+    let created = tokio::select! {
+        r = ctx.store.retry(|| ctx.store.create_group()) => r,
+        signal = &mut shutdown => {
+            tracing::info!(signal = %signal, "stopped before the consumer group was ready");
+            return Ended::Stopped { drained: true };
+        }
+    };
+    if let Err(m) = created {
+        return Ended::Fatal(m);
+    }
+    let c = &ctx.config;
+    tracing::info!(
+        redis = %c.redis.display,
+        stream = %c.stream,
+        group = %c.group,
+        consumer = %c.consumer,
+        target = %c.target,
+        concurrency = c.concurrency,
+        max_attempts = c.max_attempts,
+        dead_letters = %ctx.store.dead_letters,
+        "consuming"
+    );
+
+    let reader = tokio::spawn(ctx.clone().read_loop());
+    let claimer = tokio::spawn(ctx.clone().claim_loop());
+    let heartbeat = tokio::spawn(ctx.clone().heartbeat_loop());
+
+    let fatal = ctx.store.fatal();
+    let ended_by = tokio::select! {
+        signal = &mut shutdown => Err(signal),
+        m = fatal => Ok(m),
+    };
+    let deadline = Instant::now() + ctx.config.drain;
+    let _ = ctx.stop.send(true);
+    match &ended_by {
+        Err(signal) => tracing::info!(
+            signal = %signal,
+            in_hand = ctx.in_hand(),
+            drain = %runr_base::env::display_duration(ctx.config.drain),
+            "stopping: no more reads; deliveries in flight may finish"
+        ),
+        Ok(m) => tracing::error!(error = %m, "redis refused us: stopping"),
+    }
+    // A read blocked in Redis ends now instead of after READ_BLOCK; what it returned anyway is
+    // delivered like any other entry in hand.
+    let id = ctx.reader_id.load(Ordering::Relaxed);
+    if id != 0 {
+        let _ = tokio::time::timeout(Duration::from_secs(1), ctx.store.unblock(id)).await;
+    }
+    let _ = tokio::time::timeout_at(deadline, reader).await;
+    let _ = claimer.await;
+    // Every slot back means every entry task ended.
+    let all = u32::try_from(ctx.config.concurrency).unwrap_or(u32::MAX);
+    let drained = tokio::time::timeout_at(deadline, ctx.slots.acquire_many(all))
+        .await
+        .is_ok();
+    heartbeat.abort();
+    let (delivered, dead, left) = (
+        ctx.counts.delivered.load(Ordering::Relaxed),
+        ctx.counts.dead_lettered.load(Ordering::Relaxed),
+        ctx.counts.left_pending.load(Ordering::Relaxed) + ctx.in_hand() as u64,
+    );
+    if drained {
+        tracing::info!(
+            delivered,
+            dead_lettered = dead,
+            left_pending = left,
+            redis_outages = ctx.store.health.outages(),
+            "stopped"
+        );
+    } else {
+        tracing::warn!(
+            delivered,
+            dead_lettered = dead,
+            left_pending = left,
+            redis_outages = ctx.store.health.outages(),
+            "stopped at the drain limit: deliveries still in flight are left pending"
+        );
+    }
+    match ended_by {
+        Err(_) => Ended::Stopped { drained },
+        Ok(m) => Ended::Fatal(m),
+    }
+}
+
+impl Ctx {
+    fn hand(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Held>>> {
+        self.hand.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn in_hand(&self) -> usize {
+        self.hand().len()
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    async fn until_stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Up to `max` free slots, waiting for the first one; `None` once stopped.
+    async fn slots(&self, max: usize) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            p = self.slots.clone().acquire_owned() => p.ok()?,
+            () = self.until_stopped() => return None,
+        };
+        let mut permits = vec![first];
+        while permits.len() < max {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        Some(permits)
+    }
+
+    /// Takes `entry` in hand with `permit` and starts its task, unless it is in hand already
+    /// (a claim of our own slow entry, or a re-read of one).
+    fn start(self: &Arc<Self>, entry: Entry, attempt: u32, permit: OwnedSemaphorePermit) {
+        let held = Arc::new(Held::default());
+        {
+            let mut hand = self.hand();
+            if hand.contains_key(&entry.id) {
+                return;
+            }
+            hand.insert(entry.id.clone(), held.clone());
+        }
+        tokio::spawn(self.clone().handle(entry, attempt, held, permit));
+    }
+
+    // === the reader ===
+
+    async fn read_loop(self: Arc<Self>) {
+        let mut reader: Option<Reader> = None;
+        // Our own pending entries first (this consumer restarted), paging by id; then new ones.
+        let mut history = Some("0".to_string());
+        let mut recovered = 0usize;
+        let mut pause = Duration::from_millis(50);
+        while !self.stopped() {
+            let Some(mut permits) = self.slots(self.config.concurrency).await else {
+                break;
+            };
+            if reader.as_ref().is_none_or(Reader::broken) {
+                match self.store.reader().await {
+                    Ok(r) => {
+                        self.reader_id.store(r.client_id, Ordering::Relaxed);
+                        reader = Some(r);
+                    }
+                    Err(StoreError::Fatal(_)) => break,
+                    Err(_) => {
+                        drop(permits);
+                        self.pause(&mut pause).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(conn) = reader.as_mut() else {
+                continue;
+            };
+            let (from, block) = match &history {
+                Some(after) => (after.as_str(), None),
+                None => (">", Some(READ_BLOCK)),
+            };
+            let entries = match self.store.read(conn, from, permits.len(), block).await {
+                Ok(e) => e,
+                Err(StoreError::NoGroup) => {
+                    drop(permits);
+                    if self.store.recreate_group().await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Err(StoreError::Fatal(_)) => break,
+                Err(StoreError::Unavailable(_)) => {
+                    drop(permits);
+                    self.pause(&mut pause).await;
+                    continue;
+                }
+            };
+            pause = Duration::from_millis(50);
+            let attempts = if history.is_some() {
+                if entries.is_empty() {
+                    if recovered > 0 {
+                        tracing::info!(
+                            entries = recovered,
+                            "re-read this consumer's own pending entries"
+                        );
+                    }
+                    history = None;
+                    continue;
+                }
+                history = entries.last().map(|e| e.id.clone());
+                recovered += entries.len();
+                // The read counted one delivery more; the count is the attempt to make.
+                match self.counts_of(&entries).await {
+                    Some(c) => c,
+                    None => break,
+                }
+            } else {
+                vec![Some(1); entries.len()]
+            };
+            for (entry, attempt) in entries.into_iter().zip(attempts) {
+                let (Some(permit), Some(attempt)) = (permits.pop(), attempt) else {
+                    continue;
+                };
+                self.start(entry, attempt, permit);
+            }
+        }
+    }
+
+    /// The delivery counts of `entries`, waiting out Redis; `None` on a fatal error.
+    async fn counts_of(&self, entries: &[Entry]) -> Option<Vec<Option<u32>>> {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        self.store
+            .retry(|| self.store.delivery_counts(&ids))
+            .await
+            .ok()
+    }
+
+    async fn pause(&self, pause: &mut Duration) {
+        let d = retry_delay(1, *pause, *pause, None, random());
+        tokio::select! {
+            () = tokio::time::sleep(d) => {}
+            () = self.until_stopped() => {}
+        }
+        *pause = (*pause * 2).min(Duration::from_secs(1));
+    }
+
+    // === the claimer ===
+
+    async fn claim_loop(self: Arc<Self>) {
+        let idle = self.config.claim_idle;
+        let every = (idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = self.until_stopped() => return,
+            }
+            let mut cursor = "0-0".to_string();
+            let mut claimed = 0usize;
+            loop {
+                let mut permits = Vec::new();
+                while permits.len() < self.config.concurrency {
+                    match self.slots.clone().try_acquire_owned() {
+                        Ok(p) => permits.push(p),
+                        Err(_) => break,
+                    }
+                }
+                if permits.is_empty() || self.stopped() {
+                    break;
+                }
+                let (next, entries) = match self.store.autoclaim(idle, &cursor, permits.len()).await
+                {
+                    Ok(v) => v,
+                    Err(StoreError::NoGroup) => {
+                        let _ = self.store.recreate_group().await;
+                        break;
+                    }
+                    Err(_) => break,
+                };
+                if !entries.is_empty() {
+                    let Some(counts) = self.counts_of(&entries).await else {
+                        return;
+                    };
+                    claimed += entries.len();
+                    for (entry, count) in entries.into_iter().zip(counts) {
+                        let (Some(permit), Some(attempt)) = (permits.pop(), count) else {
+                            continue;
+                        };
+                        self.start(entry, attempt, permit);
+                    }
+                }
+                if next == "0-0" {
+                    break;
+                }
+                cursor = next;
+            }
+            if claimed > 0 {
+                tracing::info!(
+                    entries = claimed,
+                    idle = %runr_base::env::display_duration(idle),
+                    "claimed entries left pending by another consumer"
+                );
+            }
+        }
+    }
+
+    // === the heartbeat ===
+
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let every = (self.config.claim_idle / 3).max(Duration::from_millis(30));
+        loop {
+            tokio::time::sleep(every).await;
+            let ids: Vec<String> = self.hand().keys().cloned().collect();
+            if ids.is_empty() {
+                continue;
+            }
+            // Unavailable: nothing to do but try again next time (the outage is logged).
+            if let Ok(still) = self.store.touch(&ids).await {
+                let hand = self.hand();
+                for id in ids.iter().filter(|id| !still.contains(id)) {
+                    if let Some(h) = hand.get(id) {
+                        h.lost.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    // === one entry ===
+
+    async fn handle(
+        self: Arc<Self>,
+        entry: Entry,
+        first_attempt: u32,
+        held: Arc<Held>,
+        _slot: OwnedSemaphorePermit,
+    ) {
+        let _in_hand = InHand {
+            ctx: &self,
+            id: &entry.id,
+        };
+        let id = entry.id.as_str();
+        let Some(fields) = entry.fields.as_deref() else {
+            // Deleted from the stream while pending: nothing to deliver.
+            let _ = self.store.retry(|| self.store.ack(id)).await;
+            return;
+        };
+        let body = match event::encode_body(fields, self.config.max_body) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "the entry cannot be an event");
+                self.dead_letter(id, fields, first_attempt - 1, 0, Some(e.class()))
+                    .await;
+                return;
+            }
+        };
+        if first_attempt > self.config.max_attempts {
+            // Its last attempts ended with the consumers making them (killed, or stopped at
+            // the drain limit): no answer to record.
+            self.dead_letter(id, fields, first_attempt - 1, 0, Some("abandoned"))
+                .await;
+            return;
+        }
+        let time = event::time_for(id);
+        let mut attempt = first_attempt;
+        loop {
+            if attempt > first_attempt {
+                // Recorded before the attempt, so a crash during it still counts it.
+                match self
+                    .store
+                    .retry(|| self.store.set_attempt(id, attempt))
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => held.lost.store(true, Ordering::Relaxed),
+                    Err(_) => return,
+                }
+            }
+            if held.lost.load(Ordering::Relaxed) {
+                tracing::info!(id, "the entry is no longer pending (taken over or acknowledged elsewhere): dropped");
+                return;
+            }
+            let event = Event {
+                id,
+                time: &time,
+                attempt,
+                body: body.clone(),
+            };
+            let sent = self.http.send(&event, self.config.timeout).await;
+            let (verdict, status, class, detail) = match sent {
+                Sent::Answered { answer, snippet } => {
+                    (answer.verdict(), answer.status, answer.error_class, snippet)
+                }
+                Sent::TimedOut => (
+                    Verdict::Retry { floor: None },
+                    0,
+                    Some("timeout".to_string()),
+                    format!(
+                        "no answer within {}",
+                        runr_base::env::display_duration(self.config.timeout)
+                    ),
+                ),
+                Sent::Failed(e) => (
+                    Verdict::Retry { floor: None },
+                    0,
+                    Some("unreachable".to_string()),
+                    e,
+                ),
+            };
+            match verdict {
+                Verdict::Done => {
+                    tracing::debug!(id, attempt, status, answer = %detail, "delivered");
+                    if self.store.retry(|| self.store.ack(id)).await.is_ok() {
+                        self.counts.delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                Verdict::DeadLetter => {
+                    self.dead_letter(id, fields, attempt, status, class.as_deref())
+                        .await;
+                    return;
+                }
+                Verdict::Retry { floor } => {
+                    if attempt >= self.config.max_attempts {
+                        self.dead_letter(id, fields, attempt, status, class.as_deref())
+                            .await;
+                        return;
+                    }
+                    if self.stopped() {
+                        tracing::info!(
+                            id,
+                            attempt,
+                            status,
+                            error = class.as_deref().unwrap_or(""),
+                            "delivery failed: left pending at shutdown"
+                        );
+                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    let c = &self.config;
+                    let delay = retry_delay(attempt, c.backoff, c.backoff_max, floor, random());
+                    tracing::warn!(
+                        id,
+                        attempt,
+                        status,
+                        error = class.as_deref().unwrap_or(""),
+                        answer = %detail,
+                        retry_in = %runr_base::env::display_duration(delay),
+                        "delivery failed"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = self.until_stopped() => {
+                            tracing::info!(id, attempt, "left pending at shutdown while waiting to retry");
+                            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves the entry to the dead-letter stream with what became of it.
+    async fn dead_letter(
+        &self,
+        id: &str,
+        fields: &[(Vec<u8>, Vec<u8>)],
+        attempts: u32,
+        status: u16,
+        class: Option<&str>,
+    ) {
+        let extra = [
+            ("runr-status", status.to_string()),
+            ("runr-error", class.unwrap_or("").to_string()),
+            ("runr-attempts", attempts.to_string()),
+            (
+                "runr-failed-at",
+                runr_base::fmt::rfc3339_millis(SystemTime::now()),
+            ),
+            ("runr-id", id.to_string()),
+        ];
+        if self
+            .store
+            .retry(|| self.store.dead_letter(id, fields, &extra))
+            .await
+            .is_ok()
+        {
+            self.counts.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                id,
+                attempts,
+                status,
+                error = class.unwrap_or(""),
+                stream = %self.store.dead_letters,
+                "dead-lettered"
+            );
+        }
+    }
+}
+
+/// Removes an entry from the hand when its task ends, however it ends.
+struct InHand<'a> {
+    ctx: &'a Ctx,
+    id: &'a str,
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        self.ctx.hand().remove(self.id);
+    }
+}

@@ -1,0 +1,212 @@
+//! One delivery: the CloudEvent POSTed over HTTP/1.1 to the function, over a small pool of
+//! keep-alive connections (at most one idle connection per concurrent delivery).
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::answer::Answer;
+use crate::config::Target;
+use crate::event;
+
+/// Bytes of an answer's body kept for the log line.
+const SNIPPET: usize = 256;
+/// Bytes of an answer's body read (and thrown away) so the connection can carry the next
+/// event; past this the connection is closed instead.
+const DRAIN_LIMIT: usize = 1 << 20;
+
+/// One event to send.
+pub(crate) struct Event<'a> {
+    /// `ce-id`: the entry id.
+    pub id: &'a str,
+    /// `ce-time`.
+    pub time: &'a str,
+    /// `X-RunR-Delivery-Attempt`.
+    pub attempt: u32,
+    /// The entry's fields as JSON.
+    pub body: Bytes,
+}
+
+/// How one delivery went.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    /// The function answered; `snippet` is the start of its body, for logs.
+    Answered { answer: Answer, snippet: String },
+    /// No status line and headers within the delivery timeout.
+    TimedOut,
+    /// No answer: the connection failed (refused, reset, not HTTP).
+    Failed(String),
+}
+
+/// A connection and the task that drives it; dropping it closes the connection.
+struct Conn {
+    send: SendRequest<Full<Bytes>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The function's HTTP side.
+pub(crate) struct Http {
+    target: Target,
+    source: String,
+    idle: Mutex<Vec<Conn>>,
+    max_idle: usize,
+}
+
+impl Http {
+    /// A client for `target`; events carry `ce-source: source`.
+    pub(crate) fn new(target: Target, source: String, max_idle: usize) -> Http {
+        Http {
+            target,
+            source,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `event`; the function has `timeout` to answer with a status line and headers.
+    pub(crate) async fn send(&self, event: &Event<'_>, timeout: Duration) -> Sent {
+        let deadline = Instant::now() + timeout;
+        let head = tokio::time::timeout_at(deadline, self.head(event)).await;
+        let (conn, response) = match head {
+            Err(_) => return Sent::TimedOut,
+            Ok(Err(e)) => return Sent::Failed(e),
+            Ok(Ok(v)) => v,
+        };
+        let answer = Answer::from_head(
+            response.status().as_u16(),
+            response.headers(),
+            SystemTime::now(),
+        );
+        // The status decided the outcome; the body is read only to reuse the connection, and
+        // only while the delivery's time lasts.
+        let body = tokio::time::timeout_at(deadline, drain(response.into_body())).await;
+        let snippet = match body {
+            Ok(Some(snippet)) => {
+                let mut idle = self.idle();
+                if idle.len() < self.max_idle && !conn.send.is_closed() {
+                    idle.push(conn);
+                }
+                snippet
+            }
+            Ok(None) | Err(_) => String::new(),
+        };
+        Sent::Answered { answer, snippet }
+    }
+
+    /// A response's head over a pooled connection, or a new one. A pooled connection the
+    /// function closed while idle fails before any answer: the event then goes once more over a
+    /// new connection (at-least-once allows the rare duplicate).
+    async fn head(
+        &self,
+        event: &Event<'_>,
+    ) -> Result<(Conn, http::Response<hyper::body::Incoming>), String> {
+        let pooled = self.idle().pop();
+        if let Some(mut conn) = pooled {
+            if let Ok(response) = self.exchange(&mut conn, event).await {
+                return Ok((conn, response));
+            }
+        }
+        let mut conn = self.connect().await?;
+        let response = self
+            .exchange(&mut conn, event)
+            .await
+            .map_err(|e| runr_base::fmt::error_chain(&e))?;
+        Ok((conn, response))
+    }
+
+    async fn exchange(
+        &self,
+        conn: &mut Conn,
+        event: &Event<'_>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+        conn.send.ready().await?;
+        conn.send.send_request(self.request(event)).await
+    }
+
+    async fn connect(&self) -> Result<Conn, String> {
+        let stream = TcpStream::connect((self.target.host.as_str(), self.target.port))
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", self.target))?;
+        let _ = stream.set_nodelay(true);
+        let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| runr_base::fmt::error_chain(&e))?;
+        let task = tokio::spawn(async move {
+            // A function closing an idle connection is normal; the next send notices.
+            let _ = connection.await;
+        });
+        Ok(Conn { send, task })
+    }
+
+    fn request(&self, event: &Event<'_>) -> http::Request<Full<Bytes>> {
+        let mut request = http::Request::new(Full::new(event.body.clone()));
+        *request.method_mut() = http::Method::POST;
+        // The path was parsed as part of a URI by the config: it is a valid request target.
+        *request.uri_mut() = self
+            .target
+            .path
+            .parse()
+            .unwrap_or_else(|_| http::Uri::from_static("/"));
+        let h = request.headers_mut();
+        let mut put = |name: &'static str, value: &str| {
+            // Every value is visible ASCII (names are checked by the config, ids and times are
+            // digits and punctuation); one that is not is left out rather than sent broken.
+            if let Ok(v) = http::HeaderValue::from_str(value) {
+                h.insert(name, v);
+            }
+        };
+        put(header::HOST.as_str(), &self.target.authority);
+        put("ce-specversion", event::SPECVERSION);
+        put("ce-type", event::EVENT_TYPE);
+        put("ce-source", &self.source);
+        put("ce-id", event.id);
+        put("ce-time", event.time);
+        put(event::ATTEMPT_HEADER, &event.attempt.to_string());
+        put(header::CONTENT_TYPE.as_str(), event::CONTENT_TYPE);
+        put(
+            header::CONTENT_LENGTH.as_str(),
+            &event.body.len().to_string(),
+        );
+        put(
+            header::USER_AGENT.as_str(),
+            concat!("runr-queue/", env!("CARGO_PKG_VERSION")),
+        );
+        request
+    }
+}
+
+/// Reads a body to its end (up to [`DRAIN_LIMIT`]) and returns its first bytes; `None` when it
+/// failed or was too long, and the connection must not be reused.
+async fn drain(mut body: hyper::body::Incoming) -> Option<String> {
+    let mut snippet = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.ok()?;
+        if let Some(data) = frame.data_ref() {
+            total += data.len();
+            if total > DRAIN_LIMIT {
+                return None;
+            }
+            let room = SNIPPET.saturating_sub(snippet.len());
+            snippet.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+    Some(String::from_utf8_lossy(&snippet).into_owned())
+}

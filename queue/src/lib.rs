@@ -1,0 +1,92 @@
+//! runr-queue: the queue trigger's consumer. It reads a Redis stream as a member of a consumer
+//! group and POSTs every entry to the function as a CloudEvent in binary mode; a 2xx answer
+//! acknowledges the entry, anything else is retried with backoff and, after the last attempt,
+//! moved to the dead-letter stream `<stream>-dlq`. At least once: entries a consumer leaves
+//! pending (killed, stopped mid-retry) are claimed by another after `RUNR_QUEUE_CLAIM_IDLE`.
+//!
+//! - [`config`]: every variable and its default;
+//! - [`event`]: the CloudEvent (attributes, the fields as a JSON body);
+//! - [`answer`]: what the function's answer means (ack, retry no earlier than, dead-letter);
+//! - [`backoff`]: the wait before each retry;
+//! - [`consumer`]: the reader, the claimer, the heartbeat and one task per entry in hand.
+#![forbid(unsafe_code)]
+
+pub mod answer;
+pub mod backoff;
+pub mod config;
+pub mod consumer;
+pub(crate) mod deliver;
+pub mod event;
+pub(crate) mod roots;
+pub(crate) mod store;
+
+use std::process::ExitCode;
+
+pub use config::Config;
+pub use consumer::Ended;
+
+/// Exit status when Redis refuses us for good (credentials, permissions, a key that is not a
+/// stream) or the runtime cannot start.
+pub const EXIT_FATAL: u8 = 1;
+
+/// The log format: `[runr-queue] LEVEL message fields…`, no timestamps (the kubelet's log
+/// collector adds them).
+pub const LOG_FORMAT: runr_base::log::LogFormat = runr_base::log::LogFormat {
+    prefix: "runr-queue",
+    info_level: true,
+    timestamps: false,
+};
+
+/// The consumer as `main` runs it: configuration from `get`, logs, the runtime, the run, and
+/// the exit status (0 after SIGTERM/SIGINT, 1 fatal, 2 bad configuration).
+pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
+    let config = match Config::from_lookup(get) {
+        Ok(c) => c,
+        Err(errors) => {
+            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
+            for line in config::error_lines(&errors) {
+                tracing::error!("invalid configuration: {line}");
+            }
+            return ExitCode::from(runr_base::EXIT_CONFIG);
+        }
+    };
+    runr_base::log::init(LOG_FORMAT, config.log_level);
+    // One thread: the work is waiting on sockets; DNS lookups use tokio's blocking pool.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::from(EXIT_FATAL);
+        }
+    };
+    let ended = runtime.block_on(async {
+        let shutdown = match runr_base::signal::shutdown() {
+            Ok(s) => s,
+            Err(e) => return Ended::Fatal(format!("cannot install the signal handlers: {e}")),
+        };
+        consumer::run(config, shutdown).await
+    });
+    match ended {
+        Ended::Stopped { .. } => ExitCode::SUCCESS,
+        Ended::Fatal(m) => {
+            tracing::error!(error = %m, "exiting");
+            ExitCode::from(EXIT_FATAL)
+        }
+    }
+}
+
+/// What `version` and `help` print after their first line.
+pub fn usage() -> String {
+    format!(
+        "Reads a Redis stream as a consumer group member and delivers every entry to \
+         RUNR_QUEUE_TARGET as a CloudEvent (binary mode); 2xx acknowledges, anything else is \
+         retried with backoff, then moved to <stream>-dlq.\n\
+         Usage: runr-queue [run | version | help]\n\
+         Exit status: 0 after SIGTERM/SIGINT, 1 when Redis refuses us for good, 2 for bad \
+         configuration.\n\n{}",
+        runr_base::env::help(&[config::VARS])
+    )
+}

@@ -1,0 +1,775 @@
+//! The Redis side: the stream, its consumer group and the dead-letter stream, through two
+//! multiplexed connections: one that only blocks in `XREADGROUP … BLOCK` (a blocked connection
+//! answers nothing else), one for everything else (acks, claims, dead letters, pipelined by
+//! redis-rs across the concurrent deliveries).
+//!
+//! Every command is sent with `redis::cmd` and its reply read by the small parsers at the end,
+//! which keep field names and values as the bytes Redis stores.
+//!
+//! Losing Redis is normal (a restart, a failover, the network): an operation fails with
+//! [`StoreError::Unavailable`], the connection is dropped and made again on the next use, and
+//! [`Store::retry`] waits it out with backoff. [`Health`] logs the outage once when it starts and
+//! once when it ends.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Value};
+use tokio::time::Instant;
+
+use crate::config::Config;
+
+/// A TCP (+TLS) connect to Redis may take this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A command's answer may take this long before the connection counts as broken.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// `XREADGROUP … BLOCK` waits this long for new entries before asking again; SIGTERM cuts it
+/// short with `CLIENT UNBLOCK`.
+pub(crate) const READ_BLOCK: Duration = Duration::from_secs(5);
+/// Pause after the first failure while Redis is unavailable; it doubles up to the maximum.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between two tries while Redis is unavailable: short, so that the consumer is
+/// back within a second or two of Redis.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// One stream entry: its id and its fields, `None` when the entry was deleted from the stream
+/// while it was pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub id: String,
+    pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+/// How an operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum StoreError {
+    /// Redis cannot be reached or answered with a transient error: wait and try again.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The stream or its consumer group is gone (Redis restarted without its data, or someone
+    /// deleted them): create the group again.
+    #[error("the stream or its consumer group does not exist")]
+    NoGroup,
+    /// Waiting cannot help: wrong credentials, no permission, the key is not a stream.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+impl StoreError {
+    fn from_redis(e: &redis::RedisError) -> StoreError {
+        let text = runr_base::fmt::error_chain(e);
+        match e.code() {
+            Some("NOGROUP") => StoreError::NoGroup,
+            Some("WRONGTYPE" | "NOPERM" | "WRONGPASS" | "NOAUTH") => StoreError::Fatal(text),
+            _ if e.kind() == redis::ErrorKind::AuthenticationFailed => StoreError::Fatal(text),
+            _ => StoreError::Unavailable(text),
+        }
+    }
+
+    fn reply(command: &str, why: &str) -> StoreError {
+        StoreError::Unavailable(format!("unexpected reply to {command}: {why}"))
+    }
+}
+
+/// A broken connection is replaced; a server error (LOADING, OOM, READONLY…) keeps it.
+fn breaks_connection(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+}
+
+// === impl Health ===
+
+/// Whether Redis answers, so that an outage is logged once when it starts and once when it ends,
+/// however many operations fail in between.
+#[derive(Default)]
+pub(crate) struct Health {
+    down: AtomicBool,
+    since: Mutex<Option<Instant>>,
+    outages: AtomicU64,
+}
+
+impl Health {
+    fn failed(&self, error: &StoreError) {
+        if !self.down.swap(true, Ordering::AcqRel) {
+            *self.since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            self.outages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %error, "redis is unavailable: waiting for it");
+        }
+    }
+
+    fn answered(&self) {
+        if self.down.load(Ordering::Acquire) && self.down.swap(false, Ordering::AcqRel) {
+            let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let after = since.map(|s| s.elapsed()).unwrap_or_default();
+            tracing::info!(
+                after = %format!("{:.1}s", after.as_secs_f64()),
+                "redis is available again"
+            );
+        }
+    }
+
+    /// Outages seen so far.
+    pub(crate) fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
+    }
+}
+
+// === impl Store ===
+
+/// The stream, group and consumer this process works for, and its connections.
+pub(crate) struct Store {
+    client: redis::Client,
+    commands_config: AsyncConnectionConfig,
+    /// The command connection and its generation (so that a failure on an old connection does
+    /// not drop a newer one).
+    link: Mutex<Option<(u64, MultiplexedConnection)>>,
+    generation: AtomicU64,
+    /// Held while connecting, so that a hundred failing deliveries make one new connection.
+    connecting: tokio::sync::Mutex<()>,
+    pub stream: String,
+    pub group: String,
+    pub consumer: String,
+    pub dead_letters: String,
+    pub health: Health,
+    /// Set once by the first fatal error; the consumer stops on it.
+    fatal: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Store {
+    /// A store for `config`; nothing is connected yet.
+    pub(crate) fn new(config: &Config) -> Result<Store, StoreError> {
+        let client = if config.redis.tls {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(crate::roots::pem_bundle().into_bytes()),
+            };
+            redis::Client::build_with_tls(config.redis.secret(), certs)
+        } else {
+            redis::Client::open(config.redis.secret())
+        }
+        .map_err(|e| StoreError::Fatal(format!("cannot use the Redis URL: {}", e.category())))?;
+        let (fatal, _) = tokio::sync::watch::channel(None);
+        Ok(Store {
+            client,
+            commands_config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT)),
+            link: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            connecting: tokio::sync::Mutex::new(()),
+            stream: config.stream.clone(),
+            group: config.group.clone(),
+            consumer: config.consumer.clone(),
+            dead_letters: config.dead_letter_stream(),
+            health: Health::default(),
+            fatal,
+        })
+    }
+
+    /// Resolves with the first fatal error's text.
+    pub(crate) fn fatal(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut rx = self.fatal.subscribe();
+        async move {
+            loop {
+                if let Some(m) = rx.borrow_and_update().clone() {
+                    return m;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    fn link(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), StoreError> {
+        if let Some(c) = self.link().clone() {
+            return Ok(c);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(c) = self.link().clone() {
+            return Ok(c);
+        }
+        match self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.commands_config)
+            .await
+        {
+            Ok(conn) => {
+                let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                *self.link() = Some((generation, conn.clone()));
+                Ok((generation, conn))
+            }
+            Err(e) => {
+                let err = StoreError::from_redis(&e);
+                self.note(&err);
+                Err(err)
+            }
+        }
+    }
+
+    fn note(&self, err: &StoreError) {
+        match err {
+            StoreError::Unavailable(_) => self.health.failed(err),
+            StoreError::Fatal(m) => {
+                self.fatal.send_if_modified(|f| {
+                    if f.is_none() {
+                        *f = Some(m.clone());
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            StoreError::NoGroup => self.health.answered(),
+        }
+    }
+
+    /// Runs one command (or pipeline) on the command connection.
+    async fn run<T>(
+        &self,
+        send: impl for<'c> FnOnce(
+            &'c mut MultiplexedConnection,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = redis::RedisResult<T>> + Send + 'c>,
+        >,
+    ) -> Result<T, StoreError> {
+        let (generation, mut conn) = self.connection().await?;
+        match send(&mut conn).await {
+            Ok(v) => {
+                self.health.answered();
+                Ok(v)
+            }
+            Err(e) => {
+                if breaks_connection(&e) {
+                    let mut link = self.link();
+                    if link.as_ref().map(|(g, _)| *g) == Some(generation) {
+                        *link = None;
+                    }
+                }
+                let err = StoreError::from_redis(&e);
+                self.note(&err);
+                Err(err)
+            }
+        }
+    }
+
+    async fn query(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        self.run(move |c| Box::pin(async move { cmd.query_async::<Value>(c).await }))
+            .await
+    }
+
+    /// Runs `op` until it succeeds, waiting out unavailability with backoff and creating the
+    /// group again when it is gone. `Err` only for a fatal error (the consumer then stops).
+    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut pause = RETRY_FIRST;
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(StoreError::Fatal(m)) => return Err(m),
+                Err(StoreError::NoGroup) => match self.create_group().await {
+                    Ok(()) => {
+                        self.log_recreated();
+                        continue;
+                    }
+                    Err(StoreError::Fatal(m)) => return Err(m),
+                    Err(_) => {}
+                },
+                Err(StoreError::Unavailable(_)) => {}
+            }
+            tokio::time::sleep(crate::backoff::retry_delay(
+                1,
+                pause,
+                pause,
+                None,
+                crate::backoff::random(),
+            ))
+            .await;
+            pause = (pause * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// The group again, after an operation found it gone.
+    pub(crate) async fn recreate_group(&self) -> Result<(), String> {
+        self.retry(|| self.create_group()).await?;
+        self.log_recreated();
+        Ok(())
+    }
+
+    fn log_recreated(&self) {
+        tracing::warn!(
+            stream = %self.stream,
+            group = %self.group,
+            "the stream or its consumer group was gone: created it again at $"
+        );
+    }
+
+    // === commands ===
+
+    /// `XGROUP CREATE <stream> <group> $ MKSTREAM`; an existing group is fine.
+    pub(crate) async fn create_group(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg("$")
+            .arg("MKSTREAM");
+        self.run(move |c| {
+            Box::pin(async move {
+                match cmd.query_async::<Value>(c).await {
+                    Err(e) if e.code() == Some("BUSYGROUP") => Ok(Value::Okay),
+                    other => other,
+                }
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The pending entries' delivery counts (`None`: not pending any more), one round trip.
+    pub(crate) async fn delivery_counts(
+        &self,
+        ids: &[&str],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("XPENDING")
+                .arg(&self.stream)
+                .arg(&self.group)
+                .arg(*id)
+                .arg(*id)
+                .arg(1);
+        }
+        let n = ids.len();
+        let replies: Vec<Value> = self
+            .run(move |c| Box::pin(async move { pipe.query_async::<Vec<Value>>(c).await }))
+            .await?;
+        if replies.len() != n {
+            return Err(StoreError::reply("XPENDING", "wrong number of replies"));
+        }
+        replies.iter().map(pending_count).collect()
+    }
+
+    /// `XAUTOCLAIM`: up to `count` entries idle for `min_idle` on any consumer become ours; the
+    /// cursor to continue from (`0-0`: the scan is complete).
+    pub(crate) async fn autoclaim(
+        &self,
+        min_idle: Duration,
+        cursor: &str,
+        count: usize,
+    ) -> Result<(String, Vec<Entry>), StoreError> {
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(millis(min_idle))
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count);
+        let reply = self.query(cmd).await?;
+        parse_autoclaim(reply)
+    }
+
+    /// Sets an entry's delivery count to `attempt` before that attempt, and makes it ours and
+    /// not idle. `false`: it is not pending any more (acknowledged or deleted elsewhere).
+    pub(crate) async fn set_attempt(&self, id: &str, attempt: u32) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(id)
+            .arg("RETRYCOUNT")
+            .arg(attempt)
+            .arg("JUSTID");
+        let reply = self.query(cmd).await?;
+        Ok(!parse_ids(&reply, "XCLAIM")?.is_empty())
+    }
+
+    /// Resets the idle time of entries we still work on (without counting a delivery), so no
+    /// other consumer claims them; returns the ids still pending.
+    pub(crate) async fn touch(&self, ids: &[String]) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(ids)
+            .arg("JUSTID");
+        let reply = self.query(cmd).await?;
+        parse_ids(&reply, "XCLAIM")
+    }
+
+    /// `XACK`.
+    pub(crate) async fn ack(&self, id: &str) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&self.stream).arg(&self.group).arg(id);
+        self.query(cmd).await.map(drop)
+    }
+
+    /// `MULTI; XADD <stream>-dlq * <fields> <extra>; XACK; EXEC`: moved and acknowledged as one,
+    /// so a crash in between neither loses the entry nor dead-letters it twice.
+    pub(crate) async fn dead_letter(
+        &self,
+        id: &str,
+        fields: &[(Vec<u8>, Vec<u8>)],
+        extra: &[(&str, String)],
+    ) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let add = pipe.cmd("XADD").arg(&self.dead_letters).arg("*");
+        for (name, value) in fields {
+            add.arg(name).arg(value);
+        }
+        for (name, value) in extra {
+            add.arg(*name).arg(value);
+        }
+        pipe.cmd("XACK").arg(&self.stream).arg(&self.group).arg(id);
+        self.run(move |c| Box::pin(async move { pipe.query_async::<Value>(c).await }))
+            .await
+            .map(drop)
+    }
+
+    /// `CLIENT UNBLOCK <id>`: ends the reader's blocking read now (at shutdown).
+    pub(crate) async fn unblock(&self, client_id: i64) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("UNBLOCK").arg(client_id);
+        self.query(cmd).await.map(drop)
+    }
+
+    // === the reader's own connection ===
+
+    /// A new connection for blocking reads, and its client id (for `CLIENT UNBLOCK`).
+    pub(crate) async fn reader(&self) -> Result<Reader, StoreError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(READ_BLOCK + RESPONSE_TIMEOUT));
+        let result = async {
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let id: i64 = redis::cmd("CLIENT")
+                .arg("ID")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>(Reader {
+                conn,
+                client_id: id,
+                broken: false,
+            })
+        }
+        .await;
+        result.map_err(|e| {
+            let err = StoreError::from_redis(&e);
+            self.note(&err);
+            err
+        })
+    }
+
+    /// `XREADGROUP GROUP <group> <consumer> COUNT <count> [BLOCK <ms>] STREAMS <stream> <from>`:
+    /// `from` is `>` for new entries, or an id to page through our own pending ones after it.
+    pub(crate) async fn read(
+        &self,
+        reader: &mut Reader,
+        from: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(count);
+        if let Some(b) = block {
+            cmd.arg("BLOCK").arg(millis(b));
+        }
+        cmd.arg("STREAMS").arg(&self.stream).arg(from);
+        match cmd.query_async::<Value>(&mut reader.conn).await {
+            Ok(v) => {
+                self.health.answered();
+                parse_read(v)
+            }
+            Err(e) => {
+                if breaks_connection(&e) {
+                    reader.broken = true;
+                }
+                let err = StoreError::from_redis(&e);
+                self.note(&err);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The connection that blocks in `XREADGROUP`.
+pub(crate) struct Reader {
+    conn: MultiplexedConnection,
+    /// Redis's id of this connection.
+    pub client_id: i64,
+    broken: bool,
+}
+
+impl Reader {
+    /// Whether the connection failed and must be replaced.
+    pub(crate) fn broken(&self) -> bool {
+        self.broken
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+// === reply parsing ===
+
+fn as_bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+fn as_text(v: &Value) -> Option<String> {
+    as_bytes(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
+}
+
+/// `[id, [name, value, …] | nil]`.
+fn parse_entry(v: Value) -> Result<Entry, StoreError> {
+    let Value::Array(mut parts) = v else {
+        return Err(StoreError::reply("XREADGROUP", "an entry is not an array"));
+    };
+    if parts.len() != 2 {
+        return Err(StoreError::reply(
+            "XREADGROUP",
+            "an entry is not [id, fields]",
+        ));
+    }
+    let fields = parts.pop().unwrap_or(Value::Nil);
+    let id = as_text(&parts[0]).ok_or_else(|| StoreError::reply("XREADGROUP", "bad id"))?;
+    let fields = match fields {
+        Value::Nil => None,
+        Value::Array(flat) => {
+            if flat.len() % 2 != 0 {
+                return Err(StoreError::reply("XREADGROUP", "odd number of field items"));
+            }
+            let mut pairs = Vec::with_capacity(flat.len() / 2);
+            let mut it = flat.into_iter();
+            while let (Some(n), Some(v)) = (it.next(), it.next()) {
+                let (Value::BulkString(n), Value::BulkString(v)) = (n, v) else {
+                    return Err(StoreError::reply("XREADGROUP", "a field is not a string"));
+                };
+                pairs.push((n, v));
+            }
+            Some(pairs)
+        }
+        // RESP3 (`?protocol=resp3` in the URL) answers fields as a map.
+        Value::Map(map) => {
+            let mut pairs = Vec::with_capacity(map.len());
+            for (n, v) in map {
+                let (Value::BulkString(n), Value::BulkString(v)) = (n, v) else {
+                    return Err(StoreError::reply("XREADGROUP", "a field is not a string"));
+                };
+                pairs.push((n, v));
+            }
+            Some(pairs)
+        }
+        _ => return Err(StoreError::reply("XREADGROUP", "fields are not an array")),
+    };
+    Ok(Entry { id, fields })
+}
+
+fn parse_entries(v: Value) -> Result<Vec<Entry>, StoreError> {
+    match v {
+        Value::Array(items) => items.into_iter().map(parse_entry).collect(),
+        Value::Nil => Ok(Vec::new()),
+        _ => Err(StoreError::reply("XREADGROUP", "entries are not an array")),
+    }
+}
+
+/// `nil` (nothing within BLOCK) or `[[stream, entries]]` (RESP2) or `{stream: entries}` (RESP3).
+fn parse_read(v: Value) -> Result<Vec<Entry>, StoreError> {
+    match v {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(streams) => {
+            let mut out = Vec::new();
+            for s in streams {
+                let Value::Array(mut pair) = s else {
+                    return Err(StoreError::reply(
+                        "XREADGROUP",
+                        "a stream is not [name, entries]",
+                    ));
+                };
+                if pair.len() != 2 {
+                    return Err(StoreError::reply(
+                        "XREADGROUP",
+                        "a stream is not [name, entries]",
+                    ));
+                }
+                out.extend(parse_entries(pair.pop().unwrap_or(Value::Nil))?);
+            }
+            Ok(out)
+        }
+        Value::Map(streams) => {
+            let mut out = Vec::new();
+            for (_, entries) in streams {
+                out.extend(parse_entries(entries)?);
+            }
+            Ok(out)
+        }
+        _ => Err(StoreError::reply("XREADGROUP", "not an array")),
+    }
+}
+
+/// `[cursor, entries, deleted ids]` (Redis 7; 6.2 leaves out the third).
+fn parse_autoclaim(v: Value) -> Result<(String, Vec<Entry>), StoreError> {
+    let Value::Array(parts) = v else {
+        return Err(StoreError::reply("XAUTOCLAIM", "not an array"));
+    };
+    let mut parts = parts.into_iter();
+    let cursor = parts
+        .next()
+        .as_ref()
+        .and_then(as_text)
+        .ok_or_else(|| StoreError::reply("XAUTOCLAIM", "no cursor"))?;
+    let entries = match parts.next() {
+        Some(Value::Array(items)) => items
+            .into_iter()
+            // Redis 6.2 lists a deleted entry as nil here.
+            .filter(|e| !matches!(e, Value::Nil))
+            .map(parse_entry)
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(StoreError::reply("XAUTOCLAIM", "no entries")),
+    };
+    Ok((cursor, entries))
+}
+
+/// `XPENDING key group id id 1`: `[[id, consumer, idle, count]]` or `[]`.
+fn pending_count(v: &Value) -> Result<Option<u32>, StoreError> {
+    let Value::Array(rows) = v else {
+        return Err(StoreError::reply("XPENDING", "not an array"));
+    };
+    let Some(Value::Array(row)) = rows.first() else {
+        return Ok(None);
+    };
+    match row.get(3) {
+        Some(Value::Int(n)) => Ok(Some(u32::try_from(*n).unwrap_or(u32::MAX))),
+        _ => Err(StoreError::reply("XPENDING", "no delivery count")),
+    }
+}
+
+fn parse_ids(v: &Value, command: &str) -> Result<Vec<String>, StoreError> {
+    let Value::Array(items) = v else {
+        return Err(StoreError::reply(command, "not an array"));
+    };
+    items
+        .iter()
+        .map(|i| as_text(i).ok_or_else(|| StoreError::reply(command, "an id is not a string")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn read_replies() {
+        assert_eq!(parse_read(Value::Nil).unwrap(), vec![]);
+        let reply = Value::Array(vec![Value::Array(vec![
+            b("s"),
+            Value::Array(vec![
+                Value::Array(vec![
+                    b("1-0"),
+                    Value::Array(vec![b("a"), b("1"), b("a"), b("2")]),
+                ]),
+                Value::Array(vec![b("2-0"), Value::Nil]),
+            ]),
+        ])]);
+        assert_eq!(
+            parse_read(reply).unwrap(),
+            vec![
+                Entry {
+                    id: "1-0".into(),
+                    fields: Some(vec![
+                        (b"a".to_vec(), b"1".to_vec()),
+                        (b"a".to_vec(), b"2".to_vec())
+                    ])
+                },
+                Entry {
+                    id: "2-0".into(),
+                    fields: None
+                },
+            ]
+        );
+        let resp3 = Value::Map(vec![(
+            b("s"),
+            Value::Array(vec![Value::Array(vec![
+                b("3-1"),
+                Value::Map(vec![(b("k"), b("v"))]),
+            ])]),
+        )]);
+        assert_eq!(parse_read(resp3).unwrap()[0].id, "3-1");
+        for bad in [
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Array(vec![b("s")])]),
+            Value::Array(vec![Value::Array(vec![
+                b("s"),
+                Value::Array(vec![Value::Array(vec![
+                    b("1-0"),
+                    Value::Array(vec![b("odd")]),
+                ])]),
+            ])]),
+        ] {
+            assert!(parse_read(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn autoclaim_and_pending_replies() {
+        let reply = Value::Array(vec![
+            b("0-0"),
+            Value::Array(vec![Value::Array(vec![
+                b("5-0"),
+                Value::Array(vec![b("k"), b("v")]),
+            ])]),
+            Value::Array(vec![b("4-0")]),
+        ]);
+        let (cursor, entries) = parse_autoclaim(reply).unwrap();
+        assert_eq!(cursor, "0-0");
+        assert_eq!(entries.len(), 1);
+        let row = Value::Array(vec![Value::Array(vec![
+            b("5-0"),
+            b("c1"),
+            Value::Int(10),
+            Value::Int(3),
+        ])]);
+        assert_eq!(pending_count(&row).unwrap(), Some(3));
+        assert_eq!(pending_count(&Value::Array(vec![])).unwrap(), None);
+        assert!(pending_count(&Value::Nil).is_err());
+        assert_eq!(
+            parse_ids(&Value::Array(vec![b("1-0")]), "XCLAIM").unwrap(),
+            vec!["1-0".to_string()]
+        );
+    }
+}
