@@ -383,9 +383,11 @@ pub fn parse_target(v: &str) -> Result<Target, String> {
     let uri: http::Uri = v.parse().map_err(|_| FORMS.to_string())?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => return Err(format!(
+        Some("https") => {
+            return Err(format!(
             "https is not supported (the function's in-cluster address speaks plain HTTP): {FORMS}"
-        )),
+        ))
+        }
         _ => return Err(FORMS.to_string()),
     }
     let authority = uri.authority().ok_or_else(|| FORMS.to_string())?;

@@ -3,8 +3,9 @@
 //!
 //! Tasks (one tokio thread):
 //! - the reader: our own pending entries first (a restart of this consumer), then new ones with
-//!   `XREADGROUP … >`, never more at once than there are free slots;
-//! - the claimer: every `CLAIM_IDLE / 2`, `XAUTOCLAIM` of entries idle that long on any consumer;
+//!   `XREADGROUP … >`, never more at once than there are free slots; every `CLAIM_IDLE / 2` it
+//!   also claims (`XAUTOCLAIM`) entries idle that long on any consumer, with the same free slots
+//!   (one task, so a read blocked in Redis never holds the slots a claim needs);
 //! - the heartbeat: every `CLAIM_IDLE / 3`, resets the idle time of the entries in hand, so a
 //!   slow delivery or a long backoff is not mistaken for a dead consumer;
 //! - one task per entry in hand, holding a slot (`RUNR_QUEUE_CONCURRENCY`) from the moment it was
@@ -122,7 +123,6 @@ pub async fn run(
     );
 
     let reader = tokio::spawn(ctx.clone().read_loop());
-    let claimer = tokio::spawn(ctx.clone().claim_loop());
     let heartbeat = tokio::spawn(ctx.clone().heartbeat_loop());
 
     let fatal = ctx.store.fatal();
@@ -148,7 +148,6 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(1), ctx.store.unblock(id)).await;
     }
     let _ = tokio::time::timeout_at(deadline, reader).await;
-    let _ = claimer.await;
     // Every slot back means every entry task ended.
     let all = u32::try_from(ctx.config.concurrency).unwrap_or(u32::MAX);
     let drained = tokio::time::timeout_at(deadline, ctx.slots.acquire_many(all))
@@ -239,10 +238,22 @@ impl Ctx {
         let mut history = Some("0".to_string());
         let mut recovered = 0usize;
         let mut pause = Duration::from_millis(50);
+        let claim_every =
+            (self.config.claim_idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        let mut next_claim = Instant::now() + claim_every;
         while !self.stopped() {
             let Some(mut permits) = self.slots(self.config.concurrency).await else {
                 break;
             };
+            if history.is_none() && Instant::now() >= next_claim {
+                if !self.claim(&mut permits).await {
+                    break;
+                }
+                next_claim = Instant::now() + claim_every;
+                if permits.is_empty() {
+                    continue;
+                }
+            }
             if reader.as_ref().is_none_or(Reader::broken) {
                 match self.store.reader().await {
                     Ok(r) => {
@@ -260,9 +271,13 @@ impl Ctx {
             let Some(conn) = reader.as_mut() else {
                 continue;
             };
+            // Blocked no longer than until the next claim is due (BLOCK 0 would wait forever).
+            let until_claim = next_claim
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
             let (from, block) = match &history {
                 Some(after) => (after.as_str(), None),
-                None => (">", Some(READ_BLOCK)),
+                None => (">", Some(READ_BLOCK.min(until_claim))),
             };
             let entries = match self.store.read(conn, from, permits.len(), block).await {
                 Ok(e) => e,
@@ -329,63 +344,47 @@ impl Ctx {
         *pause = (*pause * 2).min(Duration::from_secs(1));
     }
 
-    // === the claimer ===
+    // === claims ===
 
-    async fn claim_loop(self: Arc<Self>) {
+    /// One claim round with `permits`: `XAUTOCLAIM` through the whole pending list (or until the
+    /// slots are used up). `false` on a fatal error.
+    async fn claim(self: &Arc<Self>, permits: &mut Vec<OwnedSemaphorePermit>) -> bool {
         let idle = self.config.claim_idle;
-        let every = (idle / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(every) => {}
-                () = self.until_stopped() => return,
-            }
-            let mut cursor = "0-0".to_string();
-            let mut claimed = 0usize;
-            loop {
-                let mut permits = Vec::new();
-                while permits.len() < self.config.concurrency {
-                    match self.slots.clone().try_acquire_owned() {
-                        Ok(p) => permits.push(p),
-                        Err(_) => break,
-                    }
-                }
-                if permits.is_empty() || self.stopped() {
-                    break;
-                }
-                let (next, entries) = match self.store.autoclaim(idle, &cursor, permits.len()).await
-                {
-                    Ok(v) => v,
-                    Err(StoreError::NoGroup) => {
-                        let _ = self.store.recreate_group().await;
-                        break;
-                    }
-                    Err(_) => break,
+        let mut cursor = "0-0".to_string();
+        let mut claimed = 0usize;
+        while !permits.is_empty() {
+            let (next, entries) = match self.store.autoclaim(idle, &cursor, permits.len()).await {
+                Ok(v) => v,
+                Err(StoreError::NoGroup) => return self.store.recreate_group().await.is_ok(),
+                Err(StoreError::Fatal(_)) => return false,
+                // Logged as an outage; the next round tries again.
+                Err(StoreError::Unavailable(_)) => break,
+            };
+            if !entries.is_empty() {
+                let Some(counts) = self.counts_of(&entries).await else {
+                    return false;
                 };
-                if !entries.is_empty() {
-                    let Some(counts) = self.counts_of(&entries).await else {
-                        return;
-                    };
-                    claimed += entries.len();
-                    for (entry, count) in entries.into_iter().zip(counts) {
-                        let (Some(permit), Some(attempt)) = (permits.pop(), count) else {
-                            continue;
-                        };
-                        self.start(entry, attempt, permit);
-                    }
+                claimed += entries.len();
+                for (entry, count) in entries.into_iter().zip(counts) {
+                    // Not pending any more (acknowledged in between): nothing to do.
+                    let Some(attempt) = count else { continue };
+                    let Some(permit) = permits.pop() else { break };
+                    self.start(entry, attempt, permit);
                 }
-                if next == "0-0" {
-                    break;
-                }
-                cursor = next;
             }
-            if claimed > 0 {
-                tracing::info!(
-                    entries = claimed,
-                    idle = %runr_base::env::display_duration(idle),
-                    "claimed entries left pending by another consumer"
-                );
+            if next == "0-0" {
+                break;
             }
+            cursor = next;
         }
+        if claimed > 0 {
+            tracing::info!(
+                entries = claimed,
+                idle = %runr_base::env::display_duration(idle),
+                "claimed entries left pending by another consumer"
+            );
+        }
+        true
     }
 
     // === the heartbeat ===

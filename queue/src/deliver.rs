@@ -98,14 +98,15 @@ impl Http {
         // only while the delivery's time lasts.
         let body = tokio::time::timeout_at(deadline, drain(response.into_body())).await;
         let snippet = match body {
-            Ok(Some(snippet)) => {
+            Ok(Ok(snippet)) => {
                 let mut idle = self.idle();
                 if idle.len() < self.max_idle && !conn.send.is_closed() {
                     idle.push(conn);
                 }
                 snippet
             }
-            Ok(None) | Err(_) => String::new(),
+            Ok(Err(why)) => format!("<body not read: {why}>"),
+            Err(_) => "<body not read: timed out>".to_string(),
         };
         Sent::Answered { answer, snippet }
     }
@@ -192,21 +193,21 @@ impl Http {
     }
 }
 
-/// Reads a body to its end (up to [`DRAIN_LIMIT`]) and returns its first bytes; `None` when it
+/// Reads a body to its end (up to [`DRAIN_LIMIT`]) and returns its first bytes; `Err` when it
 /// failed or was too long, and the connection must not be reused.
-async fn drain(mut body: hyper::body::Incoming) -> Option<String> {
+async fn drain(mut body: hyper::body::Incoming) -> Result<String, String> {
     let mut snippet = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.ok()?;
+        let frame = frame.map_err(|e| runr_base::fmt::error_chain(&e))?;
         if let Some(data) = frame.data_ref() {
             total += data.len();
             if total > DRAIN_LIMIT {
-                return None;
+                return Err(format!("longer than {DRAIN_LIMIT} bytes"));
             }
             let room = SNIPPET.saturating_sub(snippet.len());
             snippet.extend_from_slice(&data[..data.len().min(room)]);
         }
     }
-    Some(String::from_utf8_lossy(&snippet).into_owned())
+    Ok(String::from_utf8_lossy(&snippet).into_owned())
 }

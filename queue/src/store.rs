@@ -62,7 +62,8 @@ impl StoreError {
     fn from_redis(e: &redis::RedisError) -> StoreError {
         let text = runr_base::fmt::error_chain(e);
         match e.code() {
-            Some("NOGROUP") => StoreError::NoGroup,
+            // UNBLOCKED: a read blocked on a stream that was deleted meanwhile.
+            Some("NOGROUP" | "UNBLOCKED") => StoreError::NoGroup,
             Some("WRONGTYPE" | "NOPERM" | "WRONGPASS" | "NOAUTH") => StoreError::Fatal(text),
             _ if e.kind() == redis::ErrorKind::AuthenticationFailed => StoreError::Fatal(text),
             _ => StoreError::Unavailable(text),
@@ -86,29 +87,58 @@ fn breaks_connection(e: &redis::RedisError) -> bool {
 // === impl Health ===
 
 /// Whether Redis answers, so that an outage is logged once when it starts and once when it ends,
-/// however many operations fail in between.
+/// however many operations fail in between. A Redis that is going down may still answer for a
+/// moment (between SIGTERM and closing its port): the outage ends only once Redis has answered
+/// for [`SETTLE`] without a failure in between, so a flap is not two outages.
 #[derive(Default)]
 pub(crate) struct Health {
     down: AtomicBool,
-    since: Mutex<Option<Instant>>,
+    state: Mutex<Outage>,
     outages: AtomicU64,
 }
 
+#[derive(Default)]
+struct Outage {
+    /// When the current outage began.
+    since: Option<Instant>,
+    /// When Redis first answered again, with no failure since.
+    answering_since: Option<Instant>,
+}
+
+/// How long Redis must answer without failing before an outage counts as over.
+const SETTLE: Duration = Duration::from_secs(1);
+
 impl Health {
+    fn state(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn failed(&self, error: &StoreError) {
-        if !self.down.swap(true, Ordering::AcqRel) {
-            *self.since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let mut st = self.state();
+        if st.since.is_none() {
+            st.since = Some(Instant::now());
+            self.down.store(true, Ordering::Release);
             self.outages.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %error, "redis is unavailable: waiting for it");
         }
+        st.answering_since = None;
     }
 
     fn answered(&self) {
-        if self.down.load(Ordering::Acquire) && self.down.swap(false, Ordering::AcqRel) {
-            let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let after = since.map(|s| s.elapsed()).unwrap_or_default();
+        if !self.down.load(Ordering::Acquire) {
+            return;
+        }
+        let mut st = self.state();
+        let Some(since) = st.since else {
+            return;
+        };
+        let now = Instant::now();
+        let first = *st.answering_since.get_or_insert(now);
+        if now.duration_since(first) >= SETTLE {
+            *st = Outage::default();
+            self.down.store(false, Ordering::Release);
             tracing::info!(
-                after = %format!("{:.1}s", after.as_secs_f64()),
+                after = %format!("{:.1}s", first.duration_since(since).as_secs_f64()),
                 "redis is available again"
             );
         }

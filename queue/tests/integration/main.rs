@@ -1,1 +1,15 @@
-//! placeholder
+//! runr-queue's integration tests, one binary: the real consumer against a real redis-server,
+//! delivering to the real runr-wrapper (exec mode, Bash handlers) or to a Python receiver that
+//! checks every CloudEvent with the CloudEvents SDK. `cargo build --workspace` first: the
+//! wrapper binary is another crate's.
+
+mod concurrency;
+mod config;
+mod crash;
+mod delivery;
+mod limits;
+mod outage;
+mod retries;
+mod shutdown;
+mod stress;
+mod support;

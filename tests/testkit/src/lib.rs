@@ -2,6 +2,7 @@
 //!
 //! Real parts, not mocks: [`Registry`] starts the CNCF distribution registry from Debian's
 //! `docker-registry` package on a free loopback port with its storage in a temporary directory,
+//! [`redis::Redis`] a real `redis-server` the same way (with a small RESP client),
 //! [`Child`] owns a spawned process and kills it (by PID, whole group) when dropped, and every
 //! wait is on a condition with a deadline, never a bare sleep.
 //!
@@ -16,6 +17,7 @@ pub mod httpd;
 pub mod oci;
 pub mod pki;
 pub mod range_cache;
+pub mod redis;
 pub mod server;
 pub mod tls;
 pub mod token;

@@ -1,0 +1,104 @@
+//! Bad configuration: one line per bad variable, exit 2, before anything is connected.
+
+use std::process::Stdio;
+
+use crate::support::*;
+
+fn run(vars: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let out = command(&vars)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run runr-queue");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
+    let (code, stdout, stderr) = run(
+        &[
+            ("RUNR_QUEUE_REDIS_URL", "redis://user:hunter2@host:notaport"),
+            ("RUNR_QUEUE_STREAM", "two words"),
+            ("RUNR_QUEUE_TARGET", "ftp://fn"),
+            ("RUNR_QUEUE_CONCURRENCY", "0"),
+            ("RUNR_QUEUE_BACKOFF", "fast"),
+            ("RUNR_QUEUE_LOG", "loud"),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stdout, "");
+    let lines: Vec<&str> = stderr.lines().collect();
+    let names = [
+        "RUNR_QUEUE_REDIS_URL",
+        "RUNR_QUEUE_STREAM",
+        "RUNR_QUEUE_GROUP",
+        "RUNR_QUEUE_CONSUMER",
+        "RUNR_QUEUE_TARGET",
+        "RUNR_QUEUE_CONCURRENCY",
+        "RUNR_QUEUE_BACKOFF",
+        "RUNR_QUEUE_LOG",
+    ];
+    assert_eq!(lines.len(), names.len(), "{stderr}");
+    for (line, name) in lines.iter().zip(names) {
+        let want = format!("[runr-queue] ERROR invalid configuration: {name}=");
+        assert!(
+            line.starts_with(&want),
+            "{line:?} should start with {want:?}"
+        );
+    }
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(
+        lines[2].ends_with("RUNR_QUEUE_GROUP=<unset>: required"),
+        "{}",
+        lines[2]
+    );
+}
+
+#[test]
+fn version_and_help_print_every_variable_with_its_default() {
+    for arg in ["version", "help"] {
+        let (code, stdout, _) = run(&[], &[arg]);
+        assert_eq!(code, 0);
+        assert!(
+            stdout.starts_with(concat!("runr-queue ", env!("CARGO_PKG_VERSION"), "\n")),
+            "{stdout}"
+        );
+        for v in runr_queue::config::VARS {
+            assert!(stdout.contains(v.name), "{} missing:\n{stdout}", v.name);
+        }
+        assert!(stdout.contains("RUNR_QUEUE_CONCURRENCY"));
+        assert!(stdout.contains("(default: 8)"));
+        assert!(stdout.contains("RUNR_QUEUE_REDIS_URL"));
+        assert!(stdout.contains("(required)"));
+    }
+    let (code, _, stderr) = run(&[], &["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown argument \"frobnicate\""));
+}
+
+#[test]
+fn a_key_that_is_not_a_stream_stops_the_consumer_with_status_1() {
+    let dir = tmp();
+    let redis = runr_testkit::redis::Redis::start();
+    assert_eq!(
+        redis.conn().cmd_str(&["SET", STREAM, "a string"]),
+        runr_testkit::redis::Reply::Simple("OK".into())
+    );
+    let mut c = Consumer::spawn(
+        dir.path(),
+        "c1",
+        &base_env(&redis, "http://127.0.0.1:9/", "c1"),
+    );
+    let status = c.child.wait_timeout(LONG);
+    assert_eq!(status.code(), Some(1), "{}", c.log());
+    assert!(c.log().contains("WRONGTYPE"), "{}", c.log());
+}
