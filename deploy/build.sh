@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Release builds of the workspace's four binaries, musl-static, and their FROM scratch images.
+# Release builds of the workspace's five binaries, musl-static, and their FROM scratch images.
 #
 #   deploy/build.sh [binaries] [--cross] [ARCH...]
 #       cargo build --release for each ARCH (amd64, arm64; default: amd64, plus arm64 when its
@@ -21,8 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-# The binary of each crate, in build order of interest: these four ship as images.
-BINARIES=(runr-wrapper runr-tick runr-image-upload runr-prewarm)
+# The binary of each crate, in build order of interest: these five ship as images.
+BINARIES=(runr-wrapper runr-tick runr-image-upload runr-prewarm runr-queue)
 DIST=${RUNR_DIST_DIR:-$ROOT/target/dist}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 # Release builds use exactly Cargo.lock; RUNR_BUILD_LOCKED=0 lets cargo update it (development).

@@ -13,8 +13,10 @@ usage: deploy/validate-manifests.py [DIR]   (default: deploy/k8s next to this sc
 3. kustomization.yaml: every manifest file is listed, every listed file exists, every RunR image
    of the manifests has an `images` entry, and all carry the workspace version as tag.
 4. What the spec requires and a schema cannot say: the receiver's security context and /work
-   sizing, the wrapper's init container and /runr emptyDir, the prewarm variables, and that every
-   RUNR_* variable set is one the binary in that container reads (its crates' sources name it).
+   sizing, the wrapper's init container and /runr emptyDir, the prewarm variables, the queue
+   consumer's variables and that its target is a Knative Service of these manifests, and that
+   every RUNR_* variable set is one the binary in that container reads (its crates' sources name
+   it).
 
 Prints one line per resource and check; exits 1 when anything fails.
 """
@@ -271,6 +273,17 @@ def check_policies(doc, path, where, rep):
                 "runtimeClassName" in open(path).read(),
                 f"{who} (receiver): runtimeClassName is documented (commented) for gVisor/Kata",
             )
+        if image.startswith(IMAGE_PREFIX + "queue:"):
+            names = {e["name"] for e in c.get("env", [])}
+            hardened(c, pod, f"{who} (queue)", rep)
+            rep.check(
+                {"RUNR_QUEUE_REDIS_URL", "RUNR_QUEUE_STREAM", "RUNR_QUEUE_GROUP", "RUNR_QUEUE_TARGET"} <= names,
+                f"{who} (queue): RUNR_QUEUE_REDIS_URL, RUNR_QUEUE_STREAM, RUNR_QUEUE_GROUP and RUNR_QUEUE_TARGET set",
+            )
+            rep.check(
+                int(pod.get("terminationGracePeriodSeconds", 30)) > 25,
+                f"{who} (queue): the grace period outlasts the 25 s drain",
+            )
         if image.startswith(IMAGE_PREFIX + "prewarm:"):
             env = env_of(c)
             hardened(c, pod, f"{who} (prewarm)", rep)
@@ -285,6 +298,7 @@ CRATES_OF = {
     "wrapper": ["wrapper", "tick"],
     "image-upload": ["image-receiver", "registry"],
     "prewarm": ["prewarm", "registry"],
+    "queue": ["queue"],
 }
 
 
@@ -351,6 +365,8 @@ def main():
     files = sorted(f for f in os.listdir(directory) if f.endswith((".yaml", ".yml")))
     manifests = [f for f in files if f != "kustomization.yaml"]
     images = set()
+    knative_services = set()
+    queue_targets = []
     for f in manifests:
         path = os.path.join(directory, f)
         where = os.path.relpath(path, ROOT)
@@ -371,6 +387,19 @@ def main():
             check_policies(doc, path, where, rep)
             check_variables(doc, where, rep)
             images.update(runr_images(doc))
+            if api.startswith("serving.knative.dev/") and doc.get("kind") == "Service":
+                knative_services.add(doc["metadata"]["name"])
+            for c in (pod_spec_of(doc) or {}).get("containers", []):
+                if c.get("image", "").startswith(IMAGE_PREFIX + "queue:"):
+                    queue_targets.append((f"{where}: {name_of(doc)}", env_of(c).get("RUNR_QUEUE_TARGET") or ""))
+
+    # A queue consumer delivers to a function: its target must be one of the Knative Services here.
+    for who, target in queue_targets:
+        host = re.sub(r"^http://", "", target).split("/", 1)[0].split(":", 1)[0]
+        rep.check(
+            target.startswith("http://") and host.split(".", 1)[0] in knative_services,
+            f"{who} (queue): RUNR_QUEUE_TARGET {target} is a Knative Service of these manifests",
+        )
 
     kpath = os.path.join(directory, "kustomization.yaml")
     if os.path.exists(kpath):

@@ -131,7 +131,8 @@ pub async fn run(
         m = fatal => Ok(m),
     };
     let deadline = Instant::now() + ctx.config.drain;
-    let _ = ctx.stop.send(true);
+    // send_replace: `send` would not store the value while no task happens to be subscribed.
+    ctx.stop.send_replace(true);
     match &ended_by {
         Err(signal) => tracing::info!(
             signal = %signal,
@@ -145,7 +146,8 @@ pub async fn run(
     // delivered like any other entry in hand.
     let id = ctx.reader_id.load(Ordering::Relaxed);
     if id != 0 {
-        let _ = tokio::time::timeout(Duration::from_secs(1), ctx.store.unblock(id)).await;
+        let r = tokio::time::timeout(Duration::from_secs(1), ctx.store.unblock(id)).await;
+        tracing::debug!(result = ?r.map(|r| r.map_err(|e| e.to_string())), "unblocked the reader");
     }
     let _ = tokio::time::timeout_at(deadline, reader).await;
     // Every slot back means every entry task ended.

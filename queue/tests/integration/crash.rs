@@ -75,7 +75,7 @@ fn kill_9_mid_delivery_and_another_consumer_claims_everything() {
         .log()
         .contains("claimed entries left pending by another consumer"));
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
-    assert!(b.terminate(LONG).success());
+    b.stop_cleanly();
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn a_restarted_consumer_re_reads_its_own_pending_entries_at_once() {
     assert!(again
         .log()
         .contains("re-read this consumer's own pending entries entries=3"));
-    assert!(again.terminate(LONG).success());
+    again.stop_cleanly();
 }
 
 #[test]
@@ -139,6 +139,6 @@ fn a_delivery_slower_than_the_claim_idle_time_is_not_taken_over() {
     let starts = receiver.phase("start");
     assert_eq!(starts.len(), ids.len(), "{starts:#?}");
     assert!(starts.iter().all(|r| r["attempt"] == 1));
-    assert!(a.terminate(LONG).success());
-    assert!(b.terminate(LONG).success());
+    a.stop_cleanly();
+    b.stop_cleanly();
 }

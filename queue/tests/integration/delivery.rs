@@ -70,7 +70,7 @@ fn every_attribute_is_what_the_cloudevents_sdk_expects() {
         assert_eq!(attempt, 1);
         assert_eq!(answer, format!("ok {id}"));
     }
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 /// Every entry through the wrapper in exec mode to the spec's handler, each answer checked.
@@ -116,7 +116,7 @@ fn through_the_wrapper(concurrency: &str, entries: usize) {
         .log()
         .contains(r#"answer=processed {"msg":"hi"} (from bash)"#));
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -144,5 +144,5 @@ fn the_group_is_created_at_the_end_of_an_existing_stream() {
     wait_all_acked(&redis, &receiver, std::slice::from_ref(&new));
     assert!(!receiver.succeeded().contains_key(&old));
     assert_eq!(receiver.phase("start").len(), 1);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }

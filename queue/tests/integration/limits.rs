@@ -52,7 +52,7 @@ fn a_413_with_the_limit_class_is_dead_lettered_after_one_attempt() {
     assert_eq!(get(&dead[0], "runr-error"), "limit");
     assert_eq!(get(&dead[0], "runr-attempts"), "1");
     assert_eq!(get(&dead[0], "runr-id"), id);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -82,7 +82,7 @@ fn a_413_without_a_class_is_the_handlers_own_and_is_retried() {
     assert_eq!(attempts, [1, 2, 3]);
     assert_eq!(get(&dead[0], "runr-status"), "413");
     assert_eq!(get(&dead[0], "runr-error"), "");
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -138,5 +138,5 @@ fn entries_over_the_body_limit_or_not_utf8_are_never_delivered() {
         .expect("the non-UTF-8 entry");
     assert_eq!(entry[0], Reply::Bulk(b"k".to_vec()));
     assert_eq!(entry[1], Reply::Bulk(b"\xff\xfe".to_vec()));
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }

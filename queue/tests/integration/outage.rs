@@ -77,7 +77,7 @@ fn a_consumer_started_before_redis_waits_for_it() {
     c.wait_log("consuming");
     let id = redis.conn().xadd(STREAM, &[("k", "v")]);
     wait_all_acked(&redis, &receiver, &[id]);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -94,5 +94,5 @@ fn a_redis_that_lost_its_data_gets_the_group_again() {
     c.wait_log("created it again");
     let second = conn.xadd(STREAM, &[("k", "2")]);
     wait_all_acked(&redis, &receiver, &[first, second]);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }

@@ -88,7 +88,7 @@ fn a_handler_that_fails_twice_then_succeeds_sees_attempts_1_2_3() {
         "{failed:#?}"
     );
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn after_the_last_attempt_the_entry_is_dead_lettered_with_its_fields() {
     let lines = c.lines_with("dead-lettered");
     assert_eq!(lines.len(), 1, "{}", c.log());
     assert!(lines[0].contains("attempts=3") && lines[0].contains("status=500"));
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }
 
 #[test]
@@ -212,5 +212,5 @@ fn the_error_class_is_kept_and_a_503_retry_after_outlasts_the_cap() {
     assert_eq!(find("runr-attempts"), Some("2"));
     assert_eq!(find("runr-id"), Some(id.as_str()));
     assert!(c.lines_with("delivery failed")[0].contains("retry_in=2s"));
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
 }

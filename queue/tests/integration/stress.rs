@@ -87,6 +87,10 @@ fn stress(entries: usize, concurrency: usize) {
         ));
     }
     assert_eq!(seen.len(), entries);
+    // The receiver writes its end record after the answer: a retry can be recorded first.
+    for attempts in seen.values_mut() {
+        attempts.sort_unstable();
+    }
     for (id, (n, _, _)) in &expected {
         let want: &[(u64, u64)] = if n % 7 == 0 {
             &[(1, 500), (2, 200)]
@@ -97,7 +101,7 @@ fn stress(entries: usize, concurrency: usize) {
     }
     assert_eq!(conn.pending(STREAM, GROUP), 0);
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
-    assert!(c.terminate(LONG).success());
+    c.stop_cleanly();
     eprintln!(
         "{entries} entries at concurrency {concurrency}: set up in {:?}, delivered in {took:?}, \
          checked in {:?}",

@@ -130,6 +130,22 @@ impl Consumer {
         self.child.wait_timeout(timeout)
     }
 
+    /// SIGTERM with nothing left in flight: exit 0 after a complete drain, well before the
+    /// drain limit.
+    pub fn stop_cleanly(&mut self) {
+        let t = std::time::Instant::now();
+        let status = self.terminate(LONG);
+        assert!(status.success(), "{status}:\n{}", self.log());
+        let log = self.log();
+        assert!(log.contains("] INFO stopped delivered="), "{log}");
+        assert!(!log.contains("drain limit"), "{log}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "took {:?} to stop",
+            t.elapsed()
+        );
+    }
+
     /// Whether the process still runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.inner().try_wait(), Ok(None))
