@@ -451,11 +451,15 @@ impl Ctx {
         loop {
             if attempt > first_attempt {
                 // Recorded before the attempt, so a crash during it still counts it.
-                match self
-                    .store
-                    .retry(|| self.store.set_attempt(id, attempt))
-                    .await
-                {
+                let recorded = tokio::select! {
+                    r = self.store.retry(|| self.store.set_attempt(id, attempt)) => r,
+                    // Redis is away and we are stopping: the entry stays pending as it is.
+                    () = self.until_stopped() => {
+                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                };
+                match recorded {
                     Ok(true) => {}
                     Ok(false) => held.lost.store(true, Ordering::Relaxed),
                     Err(_) => return,

@@ -5,25 +5,27 @@
 //! pending (killed, stopped mid-retry) are claimed by another after `RUNR_QUEUE_CLAIM_IDLE`.
 //!
 //! - [`config`]: every variable and its default;
-//! - [`event`]: the CloudEvent (attributes, the fields as a JSON body);
-//! - [`answer`]: what the function's answer means (ack, retry no earlier than, dead-letter);
-//! - [`backoff`]: the wait before each retry;
-//! - [`consumer`]: the reader, the claimer, the heartbeat and one task per entry in hand.
+//! - `event`: the CloudEvent (attributes, the fields as a JSON body);
+//! - `answer`: what the function's answer means (ack, retry no earlier than, dead-letter);
+//! - `backoff`: the wait before each retry;
+//! - `store`: the Redis commands, the two connections, waiting out outages;
+//! - `deliver`: the HTTP/1.1 client and its keep-alive pool;
+//! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand.
 #![forbid(unsafe_code)]
 
-pub mod answer;
-pub mod backoff;
+pub(crate) mod answer;
+pub(crate) mod backoff;
 pub mod config;
-pub mod consumer;
+pub(crate) mod consumer;
 pub(crate) mod deliver;
-pub mod event;
+pub(crate) mod event;
 pub(crate) mod roots;
 pub(crate) mod store;
 
 use std::process::ExitCode;
 
 pub use config::Config;
-pub use consumer::Ended;
+pub use consumer::{run, Ended};
 
 /// Exit status when Redis refuses us for good (credentials, permissions, a key that is not a
 /// stream) or the runtime cannot start.

@@ -140,3 +140,25 @@ fn entries_over_the_body_limit_or_not_utf8_are_never_delivered() {
     assert_eq!(entry[1], Reply::Bulk(b"\xff\xfe".to_vec()));
     c.stop_cleanly();
 }
+
+#[test]
+fn an_answer_body_past_the_drain_limit_is_not_buffered_and_the_status_counts() {
+    let dir = tmp();
+    let redis = Redis::start();
+    // 2 MiB answers: past the 1 MiB the consumer reads to keep a connection.
+    let receiver = Receiver::start(dir.path(), &["--answer-bytes", "2097152"]);
+    let mut c = Consumer::start(dir.path(), "c1", &base_env(&redis, &receiver.url(), "c1"));
+    let mut conn = redis.conn();
+    let ids: Vec<String> = (0..3)
+        .map(|i| conn.xadd(STREAM, &[("n", &i.to_string())]))
+        .collect();
+    wait_all_acked(&redis, &receiver, &ids);
+    let delivered = c.delivered();
+    assert_eq!(delivered.len(), 3, "{}", c.log());
+    for (_, attempt, answer) in &delivered {
+        assert_eq!(*attempt, 1);
+        assert_eq!(answer, "<body not read: longer than 1048576 bytes>");
+    }
+    assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
+    c.stop_cleanly();
+}
