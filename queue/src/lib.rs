@@ -19,6 +19,8 @@ pub mod config;
 pub(crate) mod consumer;
 pub(crate) mod deliver;
 pub(crate) mod event;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 pub(crate) mod roots;
 pub(crate) mod store;
 
