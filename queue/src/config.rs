@@ -8,6 +8,9 @@ use runr_base::env::{display_duration, ConfigError, ConfigErrors, Env, VarDoc};
 /// Where Redis is: `redis://[user:password@]host:port[/db]`, or `rediss://…` for TLS with the
 /// built-in roots. Required.
 pub const ENV_REDIS_URL: &str = "RUNR_QUEUE_REDIS_URL";
+/// Optional PEM file with extra CA certificates for `rediss://`, for a Redis behind a private CA.
+/// The built-in (Mozilla) roots stay trusted too.
+pub const ENV_REDIS_CA_FILE: &str = "RUNR_QUEUE_REDIS_CA_FILE";
 /// The stream to consume. Required.
 pub const ENV_STREAM: &str = "RUNR_QUEUE_STREAM";
 /// The consumer group; created at `$` (new entries only) with `MKSTREAM` when missing. Required.
@@ -62,6 +65,10 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::required(
         ENV_REDIS_URL,
         "redis://[user:password@]host:port[/db], or rediss:// (TLS, built-in roots)",
+    ),
+    VarDoc::optional(
+        ENV_REDIS_CA_FILE,
+        "extra CA certificates for rediss://, PEM (the built-in roots stay trusted)",
     ),
     VarDoc::required(ENV_STREAM, "the stream to consume"),
     VarDoc::required(
@@ -161,6 +168,8 @@ impl std::fmt::Display for Target {
 pub struct Config {
     /// [`ENV_REDIS_URL`].
     pub redis: RedisUrl,
+    /// [`ENV_REDIS_CA_FILE`]: its certificates, PEM, read at start.
+    pub redis_ca: Option<Vec<u8>>,
     /// [`ENV_STREAM`].
     pub stream: String,
     /// [`ENV_GROUP`].
@@ -194,6 +203,15 @@ impl Config {
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
         let mut env = Env::new(get);
         let redis = redis_url(&mut env);
+        let redis_ca = env.optional(ENV_REDIS_CA_FILE, read_ca_file);
+        if redis_ca.is_some() && redis.as_ref().is_some_and(|r| !r.tls) {
+            let value = env.value(ENV_REDIS_CA_FILE);
+            env.reject(
+                ENV_REDIS_CA_FILE,
+                value.as_deref(),
+                format!("only used with rediss://, and {ENV_REDIS_URL} is redis://"),
+            );
+        }
         let stream = env.required(ENV_STREAM, parse_name);
         let group = env.required(ENV_GROUP, parse_name);
         let consumer = match env.value(ENV_CONSUMER) {
@@ -239,6 +257,7 @@ impl Config {
         let value = (|| {
             Some(Config {
                 redis: redis?,
+                redis_ca,
                 stream: stream?,
                 group: group?,
                 consumer: consumer?,
@@ -323,6 +342,19 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
         display: redact(url),
         tls,
     })
+}
+
+/// The CA file's contents: readable, and at least one PEM certificate in it.
+fn read_ca_file(path: &str) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let data = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(&data)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not PEM certificates: {e:?}"))?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in it".to_string());
+    }
+    Ok(data)
 }
 
 /// `host:port`, `[v6]:port`, `host`: the host and the port text, if any.
@@ -578,6 +610,42 @@ mod tests {
             lines[7],
             r#"RUNR_QUEUE_BACKOFF_MAX="1m": must be at least RUNR_QUEUE_BACKOFF (5m)"#
         );
+    }
+
+    #[test]
+    fn ca_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("ca.pem");
+        let bundle = crate::roots::pem_bundle();
+        let first = bundle
+            .split_inclusive("-----END CERTIFICATE-----\n")
+            .next()
+            .unwrap();
+        std::fs::write(&good, first).unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let (good, junk) = (good.to_str().unwrap(), junk.to_str().unwrap());
+        let parse_with = |url: &str, file: &str| {
+            let mut vars: HashMap<String, String> = GOOD
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            vars.insert(ENV_REDIS_URL.into(), url.into());
+            vars.insert(ENV_REDIS_CA_FILE.into(), file.into());
+            Config::from_lookup(&move |n: &str| vars.get(n).cloned())
+        };
+        let c = parse_with("rediss://redis.example:6380", good).unwrap();
+        assert_eq!(c.redis_ca.as_deref(), Some(first.as_bytes()));
+        assert_eq!(parse(GOOD).unwrap().redis_ca, None);
+        for (url, file, reason) in [
+            ("rediss://h:1", "/nonexistent/ca.pem", "cannot read it"),
+            ("rediss://h:1", junk, "no PEM certificate in it"),
+            ("redis://h:1", good, "only used with rediss://"),
+        ] {
+            let errors = parse_with(url, file).unwrap_err();
+            assert_eq!(errors.names(), [ENV_REDIS_CA_FILE]);
+            assert!(errors.to_string().contains(reason), "{errors}");
+        }
     }
 
     #[test]

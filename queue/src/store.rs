@@ -175,9 +175,15 @@ impl Store {
     /// A store for `config`; nothing is connected yet.
     pub(crate) fn new(config: &Config) -> Result<Store, StoreError> {
         let client = if config.redis.tls {
+            // The built-in roots, and a private CA's certificates when configured.
+            let mut roots = crate::roots::pem_bundle().into_bytes();
+            if let Some(ca) = &config.redis_ca {
+                roots.push(b'\n');
+                roots.extend_from_slice(ca);
+            }
             let certs = redis::TlsCertificates {
                 client_tls: None,
-                root_cert: Some(crate::roots::pem_bundle().into_bytes()),
+                root_cert: Some(roots),
             };
             redis::Client::build_with_tls(config.redis.secret(), certs)
         } else {

@@ -13,3 +13,4 @@ mod retries;
 mod shutdown;
 mod stress;
 mod support;
+mod tls;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use crate::pki::{Ca, ServerCert, Validity};
 use crate::{free_port, have_tool, wait_for, Child};
 
 /// How long the server gets to answer PING after it was started.
@@ -22,11 +23,29 @@ pub struct Redis {
     child: Option<Child>,
     dir: tempfile::TempDir,
     port: u16,
+    /// A TLS port next to the plain one, and the certificate it serves.
+    tls: Option<(u16, ServerCert)>,
 }
 
 impl Redis {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Redis {
+        let mut r = Self::new_stopped(None);
+        r.start_again();
+        r
+    }
+
+    /// Starts a server that also speaks TLS on a second port ([`Redis::tls_url`]), with a
+    /// certificate for `localhost` and `127.0.0.1` issued by `ca` (clients are not asked for
+    /// one); the plain port stays, for the test's own [`Conn`].
+    pub fn start_tls(ca: &Ca) -> Redis {
+        let cert = ca.issue(&["localhost", "127.0.0.1"], Validity::Current);
+        let mut r = Self::new_stopped(Some((free_port(), cert)));
+        r.start_again();
+        r
+    }
+
+    fn new_stopped(tls: Option<(u16, ServerCert)>) -> Redis {
         assert!(
             have_tool("redis-server"),
             "redis-server is not installed (apt-get install redis-server; .ci/run does this)"
@@ -35,13 +54,12 @@ impl Redis {
             .prefix("runr-redis-")
             .tempdir()
             .expect("tempdir");
-        let mut r = Redis {
+        Redis {
             child: None,
             dir,
             port: free_port(),
-        };
-        r.start_again();
-        r
+            tls,
+        }
     }
 
     /// Starts the server again on the same port and data (after [`Redis::stop`] or
@@ -49,9 +67,17 @@ impl Redis {
     pub fn start_again(&mut self) {
         self.stop();
         let log = self.dir.path().join("redis.log");
+        let mut cmd = Command::new("redis-server");
+        if let Some((port, cert)) = &self.tls {
+            cmd.args(["--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&cert.cert)
+                .arg("--tls-key-file")
+                .arg(&cert.key)
+                .args(["--tls-auth-clients", "no"]);
+        }
         let child = Child::spawn(
-            Command::new("redis-server")
-                .args(["--port", &self.port.to_string()])
+            cmd.args(["--port", &self.port.to_string()])
                 .args(["--bind", "127.0.0.1"])
                 .args(["--protected-mode", "no"])
                 .arg("--dir")
@@ -115,6 +141,12 @@ impl Redis {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr())
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` of a server from [`Redis::start_tls`].
+    pub fn tls_url(&self) -> String {
+        let (port, _) = self.tls.as_ref().expect("started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
     }
 
     /// A new client connection.
