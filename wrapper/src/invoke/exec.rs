@@ -17,7 +17,7 @@ use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::Request;
 use crate::process::reaper::Exit;
-use crate::process::{self, Process};
+use crate::process::{self, Drained, Process};
 use crate::response;
 
 /// Starts the handler once per invocation.
@@ -161,16 +161,9 @@ async fn collect(
     };
     // The handler has exited, so everything it wrote is in the pipe already. Read only that:
     // a grandchild that inherited stdout and lives on must not hold the answer back.
-    if let (Some(r), false) = (stdout.as_mut(), eof) {
-        let mut chunk = [0u8; 8192];
-        loop {
-            match r.try_read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-            if out.len() > MAX_OUTPUT {
-                return Collected::TooLarge;
-            }
+    if let (Some(r), false) = (stdout.as_ref(), eof) {
+        if process::read_ready(r, &mut out, MAX_OUTPUT) == Drained::OverCap {
+            return Collected::TooLarge;
         }
     }
     Collected::Done { exit, stdout: out }

@@ -6,10 +6,11 @@
 pub(crate) mod reaper;
 
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -158,6 +159,39 @@ pub fn program_line(line: &[u8]) {
     buf.push(b'\n');
     // Nothing sensible is left to do when our own stderr is gone.
     let _ = std::io::stderr().lock().write_all(&buf);
+}
+
+/// What [`read_ready`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Everything the pipe held is in `out` (the pipe is empty, or at EOF).
+    All,
+    /// `out` passed the cap; the rest was left in the pipe.
+    OverCap,
+}
+
+/// Appends what the non-blocking pipe `from` holds right now to `out`, stopping once `out`
+/// has more than `cap` bytes. Straight `read(2)` calls until the kernel answers EAGAIN or EOF:
+/// a pipe written by a process that has exited holds everything it wrote, and a grandchild
+/// that inherited the pipe and lives on cannot make this wait.
+///
+/// Not tokio's `try_read`: that answers WouldBlock from tokio's cached readiness without
+/// asking the kernel, so bytes that arrived since the last wakeup were left behind (the output
+/// lost under concurrency, issue 10).
+pub fn read_ready(from: &impl AsRawFd, out: &mut Vec<u8>, cap: usize) -> Drained {
+    let mut chunk = [0u8; 8192];
+    loop {
+        match nix::unistd::read(from.as_raw_fd(), &mut chunk) {
+            Ok(0) => return Drained::All,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(Errno::EINTR) => continue,
+            // EAGAIN: empty now. Any other error: nothing more can be read either.
+            Err(_) => return Drained::All,
+        }
+        if out.len() > cap {
+            return Drained::OverCap;
+        }
+    }
 }
 
 /// What [`read_line_capped`] found.

@@ -9,4 +9,5 @@ mod observed_support;
 mod persistent;
 mod proxy;
 mod replay;
+mod stress;
 mod support;

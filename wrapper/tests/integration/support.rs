@@ -132,12 +132,21 @@ pub fn fixtures() -> &'static Fixtures {
             .tempdir()
             .unwrap()
             .keep();
-        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/c");
-        for name in ["echo_worker", "forker"] {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        // The examples' C programs, and the stress/admission/memory/soak handlers of
+        // tests/fixtures.
+        let examples = manifest.join("../examples/c");
+        let own = manifest.join("tests/fixtures");
+        for (src, name) in [
+            (&examples, "echo_worker"),
+            (&examples, "forker"),
+            (&own, "stress_handler"),
+            (&own, "stress_worker"),
+        ] {
             let out = Command::new("cc")
                 .args(["-O2", "-o"])
                 .arg(dir.join(name))
-                .arg(examples.join(format!("{name}.c")))
+                .arg(src.join(format!("{name}.c")))
                 .output()
                 .expect("run cc");
             assert!(
