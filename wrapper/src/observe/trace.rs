@@ -177,14 +177,17 @@ pub fn access_line(
     took: Duration,
     cold: bool,
 ) -> String {
+    // Written without the log formatter, so escaped here: a client chooses the path, and the
+    // URI parser lets through bytes that are control characters once decoded (U+0085, a line
+    // break to some log viewers).
     format!(
         "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
         super::PREFIX,
         runr_base::fmt::hex(&span.trace_id),
         runr_base::fmt::hex(&span.span_id),
         span.sampled,
-        method,
-        path,
+        runr_base::fmt::escape_control(method),
+        runr_base::fmt::escape_control(path),
         status,
         took.as_secs_f64() * 1000.0,
         cold
@@ -311,5 +314,9 @@ mod tests {
             "[runr-wrapper] trace_id=4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b span_id=0f0f0f0f0f0f0f0f \
              sampled=true GET /orders 500 41.3ms cold_start=false\n"
         );
+        // A path a client chose cannot break the line.
+        let line = access_line(&s, "GET", "/a\u{85}b\nc", 200, Duration::ZERO, true);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains(" GET /a\\u{85}b\\nc 200 "), "{line}");
     }
 }

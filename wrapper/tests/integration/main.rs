@@ -5,6 +5,7 @@
 mod exec;
 mod http_mode;
 mod lifecycle;
+mod logs;
 mod observed_support;
 mod persistent;
 mod proxy;
