@@ -1,20 +1,34 @@
 //! A request, parsed once into [`Request`], and the two forms handlers see it in: the JSON
 //! request envelope (stdin in exec mode, one line in persistent mode) and the `RUNR_*` variables
 //! of exec mode.
+//!
+//! The envelope is produced piece by piece ([`EnvelopeStream`]) and written into the handler's
+//! stdin as it is encoded, so an invocation holds its body once (as received) plus one encoded
+//! piece, never a whole encoded copy next to it.
 
-use std::borrow::Cow;
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine;
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
+use http_body_util::BodyExt;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::Trigger;
+use crate::response::Reply;
+
+/// Largest request body; larger ones answer 413 (a declared `Content-Length` before a byte is
+/// read).
+pub const MAX_BODY: usize = 10 * 1024 * 1024;
+
+/// Body bytes encoded per piece of [`EnvelopeStream`]: a piece is at most 6 times as long
+/// once JSON-escaped (`\u0000`), 4/3 as base64. A multiple of 3, so that base64 pieces
+/// concatenate to the whole body's base64.
+pub const BODY_PIECE: usize = 16 * 1024 * 3;
 
 /// One invocation's request, whatever mode runs it.
 #[derive(Debug, Clone)]
@@ -31,10 +45,11 @@ pub struct Request {
     pub raw_query: String,
     /// Request headers (names are lower-case in `HeaderMap`).
     pub headers: HeaderMap,
-    /// The whole body (at most 10 MiB, checked by the server).
+    /// The whole body (at most 10 MiB, checked by the server); empty until [`Request::set_body`].
     pub body: Bytes,
-    /// The CloudEvent (queue and schedule triggers) folded from the `ce-*` headers.
-    pub event: Option<Value>,
+    /// The CloudEvent attributes (queue and schedule triggers) folded from the `ce-*` headers;
+    /// its `data` is made from the body when the envelope is encoded.
+    pub event: Option<Map<String, Value>>,
 }
 
 impl Request {
@@ -47,12 +62,25 @@ impl Request {
         headers: HeaderMap,
         body: Bytes,
     ) -> Request {
+        let mut req = Request::head(trigger, method, path_and_query, headers);
+        req.set_body(body);
+        req
+    }
+
+    /// The request from its head alone, before its body is read (the server reads bodies only
+    /// once a handler can take them): everything but the body is known.
+    pub fn head(
+        trigger: Trigger,
+        method: &str,
+        path_and_query: &str,
+        headers: HeaderMap,
+    ) -> Request {
         let (path, raw_query) = match path_and_query.split_once('?') {
             Some((p, q)) => (p, q),
             None => (path_and_query, ""),
         };
         let event = match trigger {
-            Trigger::Queue | Trigger::Schedule => cloud_event(&headers, &body),
+            Trigger::Queue | Trigger::Schedule => cloud_event(&headers),
             Trigger::Http => None,
         };
         let id = event
@@ -69,9 +97,14 @@ impl Request {
             path: if path.is_empty() { "/" } else { path }.to_string(),
             raw_query: raw_query.to_string(),
             headers,
-            body,
+            body: Bytes::new(),
             event,
         }
+    }
+
+    /// Sets the body once it has been read.
+    pub fn set_body(&mut self, body: Bytes) {
+        self.body = body;
     }
 
     /// The query string as an object: `a=1&b=2&b=3` → `{"a":"1","b":["2","3"]}`; a key given
@@ -94,36 +127,47 @@ impl Request {
         map
     }
 
-    /// The JSON request envelope, without a trailing newline (serde_json escapes every newline
-    /// inside strings, so it is always one line).
-    pub fn envelope_json(&self) -> Vec<u8> {
-        let (body, is_base64) = match std::str::from_utf8(&self.body) {
-            Ok(s) => (Cow::Borrowed(s), false),
-            Err(_) => (
-                Cow::Owned(base64::engine::general_purpose::STANDARD.encode(&self.body)),
-                true,
-            ),
-        };
-        let envelope = Envelope {
-            runr: 1,
-            trigger: self.trigger.as_str(),
-            id: &self.id,
-            method: &self.method,
-            path: &self.path,
-            query: self.query(),
-            raw_query: &self.raw_query,
-            headers: Headers(&self.headers),
-            body,
-            is_base64_encoded: is_base64,
-            event: self.event.as_ref(),
-        };
-        // Serializing plain strings and maps into a Vec cannot fail.
-        serde_json::to_vec(&envelope).unwrap_or_default()
+    /// The CloudEvent with its `data`: the body parsed when the content type is JSON (text
+    /// when it does not parse), text when UTF-8, else base64 in `data_base64` as the
+    /// CloudEvents JSON format does. Made when the envelope is encoded, not kept: it is a
+    /// second copy of the body.
+    pub fn event_with_data(&self) -> Option<Value> {
+        let mut event = self.event.clone()?;
+        let body = &self.body;
+        if !body.is_empty() {
+            let json = header_str(&self.headers, "content-type").is_some_and(is_json_content_type);
+            match (json, std::str::from_utf8(body)) {
+                (true, Ok(text)) => {
+                    let data =
+                        serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()));
+                    event.insert("data".into(), data);
+                }
+                (_, Ok(text)) => {
+                    event.insert("data".into(), Value::String(text.into()));
+                }
+                (_, Err(_)) => {
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(body);
+                    event.insert("data_base64".into(), Value::String(b64));
+                }
+            }
+        }
+        Some(Value::Object(event))
     }
 
-    /// The per-invocation variables of exec mode (`RUNR_TRIGGER`, `RUNR_HEADER_<NAME>`, ...).
+    /// The JSON request envelope, whole (the streamed pieces of [`EnvelopeStream`] joined).
+    #[cfg(any(test, feature = "fuzz"))]
+    pub fn envelope_json(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut stream = EnvelopeStream::new(self);
+        while stream.next_piece(&mut out) {}
+        out
+    }
+
+    /// The per-invocation variables of exec mode (`RUNR_TRIGGER`, `RUNR_HEADER_<NAME>`, ...),
+    /// each name once: header names that map to the same variable (`X-User`, `X_User`) have
+    /// their values joined with `, ` in the order they arrived, as a repeated header's are.
     pub fn exec_env(&self) -> Vec<(OsString, OsString)> {
-        let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(8 + self.headers.len());
+        let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(9 + self.headers.keys_len());
         let mut put = |k: &str, v: &str| env.push((k.into(), v.into()));
         put("RUNR_TRIGGER", self.trigger.as_str());
         put("RUNR_REQUEST_ID", &self.id);
@@ -145,11 +189,159 @@ impl Request {
                 }
             }
         }
-        for name in self.headers.keys() {
-            let value = joined(&self.headers, name.as_str());
-            env.push((header_var(name.as_str()).into(), OsString::from_vec(value)));
+        let headers_start = env.len();
+        // HeaderMap yields every value of a name, in arrival order, before the next name.
+        let mut last: Option<(&http::HeaderName, usize)> = None;
+        for (name, value) in &self.headers {
+            let (slot, first) = match last {
+                Some((n, slot)) if n == name => (slot, false),
+                _ => {
+                    let var = header_var(name.as_str());
+                    let known = env[headers_start..]
+                        .iter()
+                        .position(|(k, _)| k.as_encoded_bytes() == var.as_bytes());
+                    match known {
+                        Some(i) => (headers_start + i, false),
+                        None => {
+                            env.push((var.into(), OsString::new()));
+                            (env.len() - 1, true)
+                        }
+                    }
+                }
+            };
+            last = Some((name, slot));
+            let joined = &mut env[slot].1;
+            if !first {
+                joined.push(", ");
+            }
+            joined.push(OsStr::from_bytes(value.as_bytes()));
         }
         env
+    }
+}
+
+// === the body ===
+
+/// Why a request body cannot be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// More than [`MAX_BODY`].
+    TooLarge,
+    /// The client broke off, or its chunked framing is bad.
+    Unreadable,
+    /// Not all of it had arrived by the invocation's deadline.
+    TimedOut,
+}
+
+impl BodyError {
+    /// A stable name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyError::TooLarge => "body_too_large",
+            BodyError::Unreadable => "body_unreadable",
+            BodyError::TimedOut => "body_timed_out",
+        }
+    }
+
+    /// 413, 400 or 408.
+    pub fn reply(self) -> Reply {
+        match self {
+            BodyError::TooLarge => {
+                Reply::error(StatusCode::PAYLOAD_TOO_LARGE, "request body exceeds 10 MiB")
+            }
+            BodyError::Unreadable => {
+                Reply::error(StatusCode::BAD_REQUEST, "could not read the request body")
+            }
+            BodyError::TimedOut => Reply::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time",
+            ),
+        }
+    }
+}
+
+/// A request body still on the connection, read only once a handler can take it: whole into
+/// one buffer ([`BodyReader::read_whole`]: the envelope needs all of it), or piece by piece as
+/// it arrives ([`BodyReader::next`]: raw input goes straight into the handler's stdin, so it is
+/// never held at all). At most [`MAX_BODY`] bytes either way.
+pub struct BodyReader {
+    inner: hyper::body::Incoming,
+    /// Bytes received so far.
+    seen: u64,
+    /// The first bytes, kept for a replay capture when streamed (up to `keep`).
+    kept: Vec<u8>,
+    keep: usize,
+    done: bool,
+}
+
+impl BodyReader {
+    /// A reader of `inner` that keeps the first `keep` bytes it streams aside.
+    pub fn new(inner: hyper::body::Incoming, keep: usize) -> BodyReader {
+        BodyReader {
+            inner,
+            seen: 0,
+            kept: Vec::new(),
+            keep,
+            done: false,
+        }
+    }
+
+    /// The whole body in one buffer, sized from `declared` (`Content-Length`) when there is
+    /// one, so it is held exactly once: no growing copies, no frame list joined at the end.
+    pub async fn read_whole(&mut self, declared: Option<u64>) -> Result<Bytes, BodyError> {
+        let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(MAX_BODY as u64) as usize);
+        while let Some(piece) = self.next_data().await {
+            buf.extend_from_slice(&piece?);
+        }
+        Ok(Bytes::from(buf))
+    }
+
+    /// The next piece as it arrives (kept aside as far as asked); `None` at the end.
+    /// Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Bytes, BodyError>> {
+        let piece = self.next_data().await;
+        if let Some(Ok(data)) = &piece {
+            let room = self.keep.saturating_sub(self.kept.len());
+            self.kept.extend_from_slice(&data[..room.min(data.len())]);
+        }
+        piece
+    }
+
+    async fn next_data(&mut self) -> Option<Result<Bytes, BodyError>> {
+        loop {
+            let frame = match self.inner.frame().await {
+                None => {
+                    self.done = true;
+                    return None;
+                }
+                Some(Err(_)) => return Some(Err(BodyError::Unreadable)),
+                Some(Ok(frame)) => frame,
+            };
+            // Trailers carry no body bytes.
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            self.seen += data.len() as u64;
+            if self.seen > MAX_BODY as u64 {
+                return Some(Err(BodyError::TooLarge));
+            }
+            return Some(Ok(data));
+        }
+    }
+
+    /// Whether the whole body has been read.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The first bytes streamed, as far as they were kept.
+    pub fn kept(&self) -> &[u8] {
+        &self.kept
+    }
+
+    /// Bytes received so far.
+    pub fn seen(&self) -> u64 {
+        self.seen
     }
 }
 
@@ -180,11 +372,11 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The CloudEvent of a binary-mode request: every `ce-<attr>` header becomes `<attr>`, the
-/// content type becomes `datacontenttype`, and the body is `data` (parsed when it is JSON,
-/// text when UTF-8, else base64 in `data_base64` as the CloudEvents JSON format does).
-/// `None` when the request carries no `ce-*` header at all.
-fn cloud_event(headers: &HeaderMap, body: &Bytes) -> Option<Value> {
+/// The CloudEvent attributes of a binary-mode request: every `ce-<attr>` header becomes
+/// `<attr>`, the content type becomes `datacontenttype` (the body becomes `data` when the
+/// envelope is encoded: [`Request::event_with_data`]). `None` when the request carries no
+/// `ce-*` header at all.
+fn cloud_event(headers: &HeaderMap) -> Option<Map<String, Value>> {
     let mut event = Map::new();
     for name in headers.keys() {
         if let Some(attr) = name.as_str().strip_prefix("ce-") {
@@ -195,28 +387,10 @@ fn cloud_event(headers: &HeaderMap, body: &Bytes) -> Option<Value> {
     if event.is_empty() {
         return None;
     }
-    let content_type = header_str(headers, "content-type");
-    if let Some(ct) = content_type {
+    if let Some(ct) = header_str(headers, "content-type") {
         event.insert("datacontenttype".into(), Value::String(ct.to_string()));
     }
-    if !body.is_empty() {
-        let json = content_type.is_some_and(is_json_content_type);
-        match (json, std::str::from_utf8(body)) {
-            (true, Ok(text)) => {
-                let data =
-                    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()));
-                event.insert("data".into(), data);
-            }
-            (_, Ok(text)) => {
-                event.insert("data".into(), Value::String(text.into()));
-            }
-            (_, Err(_)) => {
-                let b64 = base64::engine::general_purpose::STANDARD.encode(body);
-                event.insert("data_base64".into(), Value::String(b64));
-            }
-        }
-    }
-    Some(Value::Object(event))
+    Some(event)
 }
 
 /// `application/json`, `application/cloudevents+json; charset=utf-8`, `text/json`.
@@ -245,9 +419,101 @@ fn new_id() -> String {
     format!("{base:016x}-{n}")
 }
 
-/// The wire shape of the request envelope.
+// === the envelope, streamed ===
+
+/// The request envelope of one request, produced piece by piece:
+/// `{"runr":1, "trigger", "id", "method", "path", "query", "rawQuery", "headers", "body",
+/// "isBase64Encoded", "event"?}` on one line (serde_json escapes every newline inside strings).
+/// The head (everything before the body) is one piece, the body a piece per [`BODY_PIECE`]
+/// bytes of it (JSON-escaped text, or base64 when it is not UTF-8), the rest one piece.
+/// Joined, the pieces are byte for byte what serde_json makes of the whole envelope.
+pub struct EnvelopeStream<'a> {
+    req: &'a Request,
+    /// The body when it is UTF-8 (it goes in as a JSON string), else `None` (base64).
+    text: Option<&'a str>,
+    next: Part,
+}
+
+/// Where an [`EnvelopeStream`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Head,
+    /// The body from this offset (at its end: the rest of the envelope).
+    Body(usize),
+    Done,
+}
+
+impl<'a> EnvelopeStream<'a> {
+    /// The envelope of `req`, from its start.
+    pub fn new(req: &'a Request) -> EnvelopeStream<'a> {
+        EnvelopeStream {
+            req,
+            text: std::str::from_utf8(&req.body).ok(),
+            next: Part::Head,
+        }
+    }
+
+    /// Appends the next piece to `out`; `false` (nothing appended) once the envelope is
+    /// complete.
+    pub fn next_piece(&mut self, out: &mut Vec<u8>) -> bool {
+        let req = self.req;
+        match self.next {
+            Part::Head => {
+                let head = Head {
+                    runr: 1,
+                    trigger: req.trigger.as_str(),
+                    id: &req.id,
+                    method: &req.method,
+                    path: &req.path,
+                    query: req.query(),
+                    raw_query: &req.raw_query,
+                    headers: Headers(&req.headers),
+                };
+                // Serializing plain strings and maps into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *out, &head);
+                // `{...,"headers":{...}}` goes on as `{...,"headers":{...},"body":"`.
+                out.pop();
+                out.extend_from_slice(br#","body":""#);
+                self.next = Part::Body(0);
+            }
+            Part::Body(at) if at < req.body.len() => {
+                let mut end = (at + BODY_PIECE).min(req.body.len());
+                match self.text {
+                    Some(text) => {
+                        // A piece ends on a character boundary: escaping is per character.
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        push_escaped(out, &text[at..end]);
+                    }
+                    None => push_base64(out, &req.body[at..end]),
+                }
+                self.next = Part::Body(end);
+            }
+            Part::Body(_) => {
+                out.extend_from_slice(br#"","isBase64Encoded":"#);
+                let base64: &[u8] = if self.text.is_some() {
+                    b"false"
+                } else {
+                    b"true"
+                };
+                out.extend_from_slice(base64);
+                if let Some(event) = req.event_with_data() {
+                    out.extend_from_slice(br#","event":"#);
+                    let _ = serde_json::to_writer(&mut *out, &event);
+                }
+                out.push(b'}');
+                self.next = Part::Done;
+            }
+            Part::Done => return false,
+        }
+        true
+    }
+}
+
+/// The envelope up to the body.
 #[derive(Serialize)]
-struct Envelope<'a> {
+struct Head<'a> {
     runr: u8,
     trigger: &'a str,
     id: &'a str,
@@ -257,11 +523,6 @@ struct Envelope<'a> {
     #[serde(rename = "rawQuery")]
     raw_query: &'a str,
     headers: Headers<'a>,
-    body: Cow<'a, str>,
-    #[serde(rename = "isBase64Encoded")]
-    is_base64_encoded: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    event: Option<&'a Value>,
 }
 
 /// Headers as an object of lower-case names; repeated headers joined with `, `.
@@ -283,6 +544,121 @@ impl Serialize for Headers<'_> {
         }
         map.end()
     }
+}
+
+/// Appends `text` JSON-escaped, without quotes, exactly as serde_json escapes a string: `"`
+/// and `\\` with a backslash, `\b \f \n \r \t` by name, the other controls below 0x20 as
+/// `\u00xx`, everything else as it is. Runs that need no escape are found eight bytes at a
+/// time and copied whole: bodies are mostly such runs.
+fn push_escaped(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    let mut run = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some(word) = bytes.get(at..at + 8) {
+            let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+            if !needs_escape(word) {
+                at += 8;
+                continue;
+            }
+        }
+        let b = bytes[at];
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => {
+                at += 1;
+                continue;
+            }
+        };
+        out.extend_from_slice(&bytes[run..at]);
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        at += 1;
+        run = at;
+    }
+    out.extend_from_slice(&bytes[run..]);
+}
+
+/// Whether any of the eight bytes in `word` is `"`, `\\` or below 0x20 (the classic
+/// "has a zero byte" bit trick, per kind).
+fn needs_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    // Below 0x20: subtracting 0x20 from such a byte borrows into its high bit (bytes with the
+    // high bit set already are excluded by `!word`).
+    let control = word.wrapping_sub(0x20 * ONES) & !word & HIGHS != 0;
+    control || zero_in(word ^ (u64::from(b'"') * ONES)) || zero_in(word ^ (u64::from(b'\\') * ONES))
+}
+
+/// Appends the standard base64 of `bytes` (padded: only the last piece is not a multiple of
+/// 3 long, so the pieces join into the base64 of the whole).
+fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
+    let start = out.len();
+    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(bytes, &mut out[start..])
+        .unwrap_or(0);
+    out.truncate(start + written);
+}
+
+/// The envelope made the plain way, whole, with serde_json: what [`EnvelopeStream`] must
+/// produce byte for byte (the differential tests and the fuzz target compare the two).
+#[cfg(any(test, feature = "fuzz"))]
+pub fn whole_envelope(req: &Request) -> Vec<u8> {
+    use std::borrow::Cow;
+
+    #[derive(Serialize)]
+    struct Envelope<'a> {
+        runr: u8,
+        trigger: &'a str,
+        id: &'a str,
+        method: &'a str,
+        path: &'a str,
+        query: Map<String, Value>,
+        #[serde(rename = "rawQuery")]
+        raw_query: &'a str,
+        headers: Headers<'a>,
+        body: Cow<'a, str>,
+        #[serde(rename = "isBase64Encoded")]
+        is_base64_encoded: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        event: Option<Value>,
+    }
+    let (body, is_base64) = match std::str::from_utf8(&req.body) {
+        Ok(s) => (Cow::Borrowed(s), false),
+        Err(_) => (
+            Cow::Owned(base64::engine::general_purpose::STANDARD.encode(&req.body)),
+            true,
+        ),
+    };
+    let envelope = Envelope {
+        runr: 1,
+        trigger: req.trigger.as_str(),
+        id: &req.id,
+        method: &req.method,
+        path: &req.path,
+        query: req.query(),
+        raw_query: &req.raw_query,
+        headers: Headers(&req.headers),
+        body,
+        is_base64_encoded: is_base64,
+        event: req.event_with_data(),
+    };
+    serde_json::to_vec(&envelope).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -456,6 +832,175 @@ mod tests {
         assert_eq!(get("RUNR_HEADER_X_DOTS_AND_"), "v");
         assert_eq!(get("RUNR_REQUEST_ID"), req.id);
         assert!(!env.contains_key(&OsString::from("RUNR_EVENT_ID")));
+    }
+
+    #[test]
+    fn header_names_that_map_to_one_variable_are_joined_in_arrival_order() {
+        let req = Request::new(
+            Trigger::Http,
+            "GET",
+            "/",
+            headers(&[
+                ("x-user", "alice"),
+                ("x_user", "admin"),
+                ("x.user", "eve"),
+                ("x-user", "bob"),
+                ("accept", "a"),
+            ]),
+            Bytes::new(),
+        );
+        let env = req.exec_env();
+        let users: Vec<_> = env
+            .iter()
+            .filter(|(k, _)| k == "RUNR_HEADER_X_USER")
+            .map(|(_, v)| v.to_str().unwrap())
+            .collect();
+        // One variable; each spelling's values in arrival order, spellings in the order they
+        // first arrived (HeaderMap keeps no order across names).
+        assert_eq!(users, ["alice, bob, admin, eve"]);
+        assert_eq!(
+            env.iter()
+                .filter(|(k, _)| k == "RUNR_HEADER_ACCEPT")
+                .count(),
+            1
+        );
+        // The envelope keeps each name as it came.
+        let e = envelope(&req);
+        assert_eq!(e["headers"]["x-user"], "alice, bob");
+        assert_eq!(e["headers"]["x_user"], "admin");
+        assert_eq!(e["headers"]["x.user"], "eve");
+    }
+
+    #[test]
+    fn non_utf8_header_values_reach_the_variables_as_bytes() {
+        let mut h = HeaderMap::new();
+        h.append("x-raw", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        h.append("x_raw", HeaderValue::from_bytes(b"\xff").unwrap());
+        let req = Request::new(Trigger::Http, "GET", "/", h, Bytes::new());
+        let env = req.exec_env();
+        let v = &env
+            .iter()
+            .find(|(k, _)| k == "RUNR_HEADER_X_RAW")
+            .unwrap()
+            .1;
+        assert_eq!(v.as_encoded_bytes(), b"caf\xe9, \xff");
+    }
+
+    #[test]
+    fn pieces_join_into_the_whole_envelope_at_piece_boundaries() {
+        // Multi-byte characters across the piece boundary, escapes, and binary bodies whose
+        // length is and is not a multiple of 3 around it.
+        let mut texts: Vec<Vec<u8>> = Vec::new();
+        for shift in 0..4 {
+            let mut t = "a".repeat(BODY_PIECE - shift).into_bytes();
+            t.extend_from_slice("é€😀\"\n\u{1}".repeat(3).as_bytes());
+            texts.push(t);
+        }
+        for len in [
+            BODY_PIECE - 1,
+            BODY_PIECE,
+            BODY_PIECE + 1,
+            2 * BODY_PIECE + 2,
+        ] {
+            texts.push((0..len).map(|i| (i * 7 % 256) as u8 | 0x80).collect());
+        }
+        for body in texts {
+            let req = Request::new(Trigger::Http, "POST", "/", HeaderMap::new(), body.into());
+            let streamed = req.envelope_json();
+            assert_eq!(streamed, whole_envelope(&req));
+            let mut stream = EnvelopeStream::new(&req);
+            let mut piece = Vec::new();
+            let mut pieces = 0;
+            while stream.next_piece(&mut piece) {
+                pieces += 1;
+                assert!(piece.len() <= 6 * BODY_PIECE + 64, "{}", piece.len());
+                piece.clear();
+            }
+            assert!(pieces >= 3, "head, body pieces, tail");
+        }
+    }
+
+    #[test]
+    fn escaping_is_serde_jsons_for_every_character_at_every_word_position() {
+        let chars = (0u32..0x80).chain([0x80, 0xe9, 0x2028, 0x20ac, 0x1f600]);
+        for c in chars.filter_map(char::from_u32) {
+            for pos in 0..10 {
+                let text = format!("{}{c}{}", "a".repeat(pos), "b".repeat(9 - pos.min(9)));
+                let mut out = Vec::new();
+                push_escaped(&mut out, &text);
+                let whole = serde_json::to_vec(&text).unwrap();
+                assert_eq!(out, whole[1..whole.len() - 1], "{c:?} at {pos}");
+            }
+        }
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A body of one of the kinds the encoder treats differently: ASCII, text with
+        /// multi-byte characters and characters JSON escapes, or arbitrary bytes.
+        fn body() -> impl Strategy<Value = Vec<u8>> {
+            let text = proptest::collection::vec(
+                prop_oneof![
+                    Just("a".to_string()),
+                    Just("\"\\/\n\t\u{0}\u{1f}\u{7f}".to_string()),
+                    Just("é".to_string()),
+                    Just("€".to_string()),
+                    Just("😀".to_string()),
+                    "[ -~]{1,64}",
+                ],
+                0..4000,
+            )
+            .prop_map(|parts| parts.concat().into_bytes());
+            let bytes = proptest::collection::vec(any::<u8>(), 0..(3 * BODY_PIECE + 5));
+            prop_oneof![text, bytes]
+        }
+
+        fn trigger() -> impl Strategy<Value = Trigger> {
+            prop_oneof![
+                Just(Trigger::Http),
+                Just(Trigger::Queue),
+                Just(Trigger::Schedule)
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn streamed_envelope_is_the_whole_envelope(
+                body in body(),
+                trigger in trigger(),
+                target in "/[a-z0-9%/]{0,12}(\\?[a-z0-9=&%+]{0,24})?",
+                values in proptest::collection::vec("[ -~\\x80-\\xff]{0,16}", 0..4),
+                json in any::<bool>(),
+            ) {
+                let mut h = HeaderMap::new();
+                for (i, v) in values.iter().enumerate() {
+                    let name = ["x-a", "ce-id", "ce-type", "x-a"][i];
+                    if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
+                        h.append(name, v);
+                    }
+                }
+                if json {
+                    h.insert("content-type", HeaderValue::from_static("application/json"));
+                }
+                let req = Request::new(trigger, "POST", &target, h, body.into());
+                let streamed = req.envelope_json();
+                prop_assert_eq!(&streamed, &whole_envelope(&req));
+                // And it is one line of JSON whose body decodes back to the body.
+                prop_assert!(!streamed.contains(&b'\n'));
+                let v: Value = serde_json::from_slice(&streamed).unwrap();
+                let got = match v["isBase64Encoded"].as_bool().unwrap() {
+                    true => base64::engine::general_purpose::STANDARD
+                        .decode(v["body"].as_str().unwrap())
+                        .unwrap(),
+                    false => v["body"].as_str().unwrap().as_bytes().to_vec(),
+                };
+                prop_assert_eq!(&got[..], &req.body[..]);
+            }
+        }
     }
 
     #[test]

@@ -127,9 +127,13 @@ async fn one_shot(config: &Config) -> u8 {
     let event = ScheduleEvent::new();
     let mut req = schedule_request(&event);
     let started = Instant::now();
-    let span = invoke::start(&mut req);
-    let outcome = invoker.invoke(&req).await;
-    invoke::finish(&req, &outcome, started.elapsed(), span);
+    let mut span = invoke::start(&mut req);
+    span.begin();
+    let req = std::sync::Arc::new(req);
+    let deadline = tokio::time::Instant::now() + config.timeout;
+    let outcome = invoker.invoke(&req, None, deadline).await;
+    let body = (&req.body[..], req.body.len() as u64);
+    invoke::finish(&req, body, &outcome, started.elapsed(), span);
     let response = TickResponse {
         status: outcome.reply.status.as_u16(),
         body: outcome.reply.body.clone(),
@@ -177,7 +181,10 @@ mod tests {
         assert_eq!(event["type"], "dev.runr.schedule.tick");
         assert_eq!(event["source"], "/runr/schedule");
         assert_eq!(event["specversion"], "1.0");
-        assert_eq!(event["data"], serde_json::json!({"trigger": "schedule"}));
+        assert_eq!(
+            req.event_with_data().unwrap()["data"],
+            serde_json::json!({"trigger": "schedule"})
+        );
         assert_eq!(&req.body[..], br#"{"trigger":"schedule"}"#);
     }
 }

@@ -39,6 +39,19 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// An invocation limit above a day is a typo, not a plan.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Exec mode: handler processes running at once; further requests wait in line
+/// ([`ENV_MAX_QUEUE`]). Persistent mode runs one request per worker at once instead.
+pub const ENV_MAX_INFLIGHT: &str = "RUNR_MAX_INFLIGHT";
+const DEFAULT_MAX_INFLIGHT: usize = 256;
+const MAX_MAX_INFLIGHT: usize = 65536;
+
+/// Requests waiting for a handler slot (exec) or a free worker (persistent) at most; a request
+/// that finds the line full answers 503 `overloaded` with `Retry-After: 1` without its body
+/// being read. `0`: none wait.
+pub const ENV_MAX_QUEUE: &str = "RUNR_MAX_QUEUE";
+const DEFAULT_MAX_QUEUE: usize = 1024;
+const MAX_MAX_QUEUE: usize = 1 << 20;
+
 /// What sends the invocations: `http`, `queue` (CloudEvents from the queue consumer) or
 /// `schedule` (one tick per run).
 pub const ENV_TRIGGER: &str = "RUNR_TRIGGER";
@@ -67,6 +80,16 @@ pub const VARS: &[VarDoc] = &[
         ENV_TIMEOUT,
         "30s",
         "time per invocation: seconds, or 500ms / 30s / 5m / 1h",
+    ),
+    VarDoc::new(
+        ENV_MAX_INFLIGHT,
+        "256",
+        "exec mode: handler processes at once, 1-65536",
+    ),
+    VarDoc::new(
+        ENV_MAX_QUEUE,
+        "1024",
+        "requests waiting for a handler or worker, 0-1048576; beyond: 503",
     ),
     VarDoc::new(ENV_TRIGGER, "http", "http | queue | schedule"),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
@@ -140,6 +163,10 @@ pub struct Config {
     pub workers: usize,
     /// `RUNR_TIMEOUT`.
     pub timeout: Duration,
+    /// `RUNR_MAX_INFLIGHT`.
+    pub max_inflight: usize,
+    /// `RUNR_MAX_QUEUE`.
+    pub max_queue: usize,
     /// `RUNR_TRIGGER`.
     pub trigger: Trigger,
     /// `RUNR_LOG`.
@@ -170,6 +197,8 @@ impl Config {
         });
         let workers = env.count(ENV_WORKERS, DEFAULT_WORKERS, 1..=MAX_WORKERS);
         let timeout = env.duration_in(ENV_TIMEOUT, DEFAULT_TIMEOUT, MIN_TIMEOUT..=MAX_TIMEOUT);
+        let max_inflight = env.count(ENV_MAX_INFLIGHT, DEFAULT_MAX_INFLIGHT, 1..=MAX_MAX_INFLIGHT);
+        let max_queue = env.count(ENV_MAX_QUEUE, DEFAULT_MAX_QUEUE, 0..=MAX_MAX_QUEUE);
         let trigger = env.parse(ENV_TRIGGER, DEFAULT_TRIGGER, |v| match v {
             "http" => Ok(Trigger::Http),
             "queue" => Ok(Trigger::Queue),
@@ -185,6 +214,8 @@ impl Config {
             input,
             workers,
             timeout,
+            max_inflight,
+            max_queue,
             trigger,
             log_level,
             observe,
@@ -231,6 +262,8 @@ mod tests {
         assert_eq!(c.workers, 1);
         assert_eq!(c.timeout, Duration::from_secs(30));
         assert_eq!(c.trigger, Trigger::Http);
+        assert_eq!(c.max_inflight, 256);
+        assert_eq!(c.max_queue, 1024);
     }
 
     #[test]
@@ -244,8 +277,11 @@ mod tests {
             (ENV_TIMEOUT, "2.5"),
             (ENV_TRIGGER, "queue"),
             (ENV_LOG, "debug"),
+            (ENV_MAX_INFLIGHT, "8"),
+            (ENV_MAX_QUEUE, "0"),
         ])
         .unwrap();
+        assert_eq!((c.max_inflight, c.max_queue), (8, 0));
         assert_eq!(c.port, 9000);
         assert_eq!(c.mode, Mode::Persistent);
         assert_eq!(c.command, vec!["python3", "-u", "/app/code/main.py"]);
@@ -295,6 +331,21 @@ mod tests {
         }
         for bad in ["0", "17", "two", "1.5"] {
             assert!(parse(&[(ENV_MODE, "exec"), (ENV_COMMAND, "x"), (ENV_WORKERS, bad)]).is_err());
+        }
+    }
+
+    #[test]
+    fn admission_bounds() {
+        let get = |k, v| parse(&[(ENV_MODE, "exec"), (ENV_COMMAND, "x"), (k, v)]);
+        assert_eq!(get(ENV_MAX_INFLIGHT, "65536").unwrap().max_inflight, 65536);
+        assert_eq!(get(ENV_MAX_QUEUE, "1048576").unwrap().max_queue, 1 << 20);
+        for bad in ["0", "65537", "-1", "many", "2.5"] {
+            let e = get(ENV_MAX_INFLIGHT, bad).unwrap_err();
+            assert_eq!(e.names(), [ENV_MAX_INFLIGHT], "{bad}");
+        }
+        for bad in ["1048577", "-1", "x"] {
+            let e = get(ENV_MAX_QUEUE, bad).unwrap_err();
+            assert_eq!(e.names(), [ENV_MAX_QUEUE], "{bad}");
         }
     }
 

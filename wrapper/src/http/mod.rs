@@ -3,6 +3,7 @@
 //! the two servers share lives here: the accept loop with its drain, probes, CORS and the
 //! conversion of a [`Reply`] into a response.
 
+pub(crate) mod admission;
 pub(crate) mod direct;
 pub(crate) mod proxy;
 pub(crate) mod server;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{
     HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE, RETRY_AFTER,
 };
 use http::StatusCode;
 use http_body_util::Full;
@@ -22,6 +23,8 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 
+use crate::envelope::BodyError;
+use crate::invoke::display_timeout;
 use crate::response::Reply;
 
 /// How long in-flight requests get to finish after SIGTERM.
@@ -47,6 +50,62 @@ pub async fn serve_connections<S, B>(
         make_service()
     })
     .await;
+}
+
+/// Why a request was answered without invoking the handler. Each has one answer, made in
+/// [`Refusal::reply`]; none of them is an invocation (no access line, span or capture).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 413, 400 or 408: the body is larger than the server takes (declared, or counted while
+    /// reading), could not be read, or had not arrived by the invocation's deadline.
+    Body(BodyError),
+    /// 431: exec mode: the headers cannot be passed to the handler as environment variables
+    /// (one longer than the kernel takes, or all of them together).
+    HeadersTooLarge,
+    /// 503 with `Retry-After: 1`: every slot busy and `RUNR_MAX_QUEUE` requests waiting.
+    Overloaded,
+    /// 504: `RUNR_TIMEOUT` passed while the request waited for a slot.
+    QueueTimedOut,
+}
+
+impl Refusal {
+    /// A stable name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Body(e) => e.as_str(),
+            Refusal::HeadersTooLarge => "headers_too_large",
+            Refusal::Overloaded => "overloaded",
+            Refusal::QueueTimedOut => "queue_timed_out",
+        }
+    }
+
+    /// The answer; `timeout` is `RUNR_TIMEOUT`, named in the 504.
+    pub fn reply(self, timeout: Duration) -> Reply {
+        match self {
+            Refusal::Body(e) => e.reply(),
+            Refusal::HeadersTooLarge => Reply::error(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request headers too large",
+            ),
+            Refusal::Overloaded => {
+                let mut reply = Reply::error(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+                reply
+                    .headers
+                    .push((RETRY_AFTER, HeaderValue::from_static("1")));
+                reply
+            }
+            Refusal::QueueTimedOut => Reply::error(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("handler timed out after {}", display_timeout(timeout)),
+            ),
+        }
+    }
+}
+
+impl From<BodyError> for Refusal {
+    fn from(e: BodyError) -> Refusal {
+        Refusal::Body(e)
+    }
 }
 
 /// Binds the wrapper's port on every interface (`0`: the kernel picks one; the `listening`

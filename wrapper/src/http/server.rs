@@ -1,5 +1,12 @@
-//! The HTTP side of exec and persistent mode: the accept loop, probes, CORS, the request-size
-//! limit, one [`Invoker::invoke`] per request, and the SIGTERM drain.
+//! The HTTP side of exec and persistent mode: the accept loop, probes, CORS, the request
+//! limits, admission control, one [`Invoker::invoke`] per request, and the SIGTERM drain.
+//!
+//! A request goes through, in this order, each step answering by itself when it refuses
+//! ([`Refusal`]): probes and preflights (no invocation); what its head alone decides (a declared
+//! body over [`MAX_BODY`]: 413; exec-mode headers the kernel would not pass: 431); a slot
+//! ([`Admission`]: 503 when the line is full, 504 when `RUNR_TIMEOUT` passes in line); only
+//! then its body (413, 400, 408 at the deadline); then the invocation, with what is left of the
+//! same deadline.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,24 +16,25 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::time::Instant;
 
-use super::{into_response, is_probe, preflight, serve_connections};
+use super::admission::Admission;
+use super::{into_response, is_probe, preflight, serve_connections, Refusal};
 use crate::config::{Config, Trigger};
-use crate::envelope::Request;
+use crate::envelope::{BodyError, BodyReader, Request, MAX_BODY};
 use crate::invoke::{self, Invoker, Outcome};
+use crate::observe;
 use crate::response::{self, Reply};
-
-/// Largest request body; larger ones answer 413 before being read.
-pub const MAX_BODY: usize = 10 * 1024 * 1024;
 
 /// What every connection's requests share.
 struct Ctx {
     invoker: Arc<Invoker>,
+    admission: Admission,
     trigger: Trigger,
+    timeout: Duration,
 }
 
 /// Runs exec or persistent mode until `shutdown`: starts the invoker (persistent workers start
@@ -45,18 +53,23 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
             return 1;
         }
     };
+    let slots = invoker.slots();
     tracing::info!(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         mode = %config.mode.as_str(),
         command = ?config.command,
         trigger = %config.trigger.as_str(),
         workers = config.workers,
+        slots,
+        max_queue = config.max_queue,
         timeout = %invoke::display_timeout(config.timeout),
         "listening"
     );
     let ctx = Arc::new(Ctx {
         invoker: Arc::new(invoker),
+        admission: Admission::new(slots, config.max_queue),
         trigger: config.trigger,
+        timeout: config.timeout,
     });
     serve_connections(listener, shutdown, || {
         let ctx = ctx.clone();
@@ -72,32 +85,92 @@ async fn handle(
     ctx: Arc<Ctx>,
     req: hyper::Request<Incoming>,
 ) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let started = Instant::now();
     let reply = if is_probe(&req) {
         // Knative's probes check the wrapper is up; they must not cost an invocation.
         Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
     } else if req.method() == Method::OPTIONS {
         preflight()
     } else {
-        match read_request(ctx.trigger, req).await {
-            Err(reply) => reply,
-            Ok(mut request) => {
-                // With tracing on, the handler sees the wrapper's span as its parent.
-                let span = invoke::start(&mut request);
-                let outcome = ctx.invoker.invoke(&request).await;
-                observe(&request, &outcome, started.elapsed(), span);
-                outcome.reply
+        match invocation(&ctx, req).await {
+            Ok(reply) => reply,
+            Err(refusal) => {
+                // A client's request or the load, not a fault of ours: debug only.
+                tracing::debug!(refusal = refusal.as_str(), "request refused");
+                refusal.reply(ctx.timeout)
             }
         }
     };
     Ok(into_response(reply))
 }
 
+/// One request that may invoke the handler, from its head to its answer (see the module docs
+/// for the order of the checks).
+async fn invocation(ctx: &Ctx, req: hyper::Request<Incoming>) -> Result<Reply, Refusal> {
+    let arrived = Instant::now();
+    // Waiting for a slot and reading the body count against the invocation's time.
+    let deadline = arrived + ctx.timeout;
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // Refuse a declared oversize body before reading a byte of it.
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(BodyError::TooLarge.into());
+    }
+    let (parts, body) = req.into_parts();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let mut request = Request::head(ctx.trigger, parts.method.as_str(), target, parts.headers);
+    // With tracing on, the handler sees the wrapper's span as its parent (before the check:
+    // the traceparent it gets is part of what must fit).
+    let mut span = invoke::start(&mut request);
+    if ctx.invoker.check(&request).is_err() {
+        return Err(Refusal::HeadersTooLarge);
+    }
+    let slot = ctx.admission.admit(deadline).await?;
+    let keep = observe::global()
+        .and_then(|o| o.replay_max_body())
+        .unwrap_or(0);
+    let mut body = BodyReader::new(body, keep);
+    // Raw exec input goes from the socket into the handler as it arrives; everything else
+    // needs the whole body first.
+    let streamed = ctx.invoker.streams_body();
+    if !streamed {
+        match tokio::time::timeout_at(deadline, body.read_whole(declared)).await {
+            Ok(whole) => request.set_body(whole?),
+            Err(_elapsed) => return Err(BodyError::TimedOut.into()),
+        }
+    }
+    span.begin();
+    let request = Arc::new(request);
+    let outcome = ctx
+        .invoker
+        .invoke(&request, streamed.then_some(&mut body), deadline)
+        .await;
+    drop(slot);
+    let seen = match streamed {
+        true => (body.kept(), body.seen()),
+        false => (&request.body[..], request.body.len() as u64),
+    };
+    observe(&request, seen, &outcome, arrived.elapsed(), span);
+    Ok(outcome.reply)
+}
+
 /// THE point where an invocation has completed: the parsed request (method, path, headers,
 /// body), the outcome (status, answer, what the handler did) and the time it took. Access
 /// lines, server spans and replay capture hook in here ([`invoke::finish`]); `span` is the
 /// server span started before the handler ran.
-fn observe(req: &Request, outcome: &Outcome, elapsed: Duration, span: invoke::Started) {
+fn observe(
+    req: &Request,
+    body: (&[u8], u64),
+    outcome: &Outcome,
+    elapsed: Duration,
+    span: invoke::Started,
+) {
     tracing::debug!(
         id = %req.id,
         method = %req.method,
@@ -107,42 +180,5 @@ fn observe(req: &Request, outcome: &Outcome, elapsed: Duration, span: invoke::St
         ms = elapsed.as_secs_f64() * 1000.0,
         "invocation"
     );
-    invoke::finish(req, outcome, elapsed, span);
-}
-
-/// Reads the body (up to [`MAX_BODY`]) and parses the request once.
-async fn read_request(trigger: Trigger, req: hyper::Request<Incoming>) -> Result<Request, Reply> {
-    let too_large = || Reply::error(StatusCode::PAYLOAD_TOO_LARGE, "request body exceeds 10 MiB");
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    // Refuse a declared oversize body before reading a byte of it.
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, MAX_BODY).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(_) => {
-            return Err(Reply::error(
-                StatusCode::BAD_REQUEST,
-                "could not read the request body",
-            ))
-        }
-    };
-    let target = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    Ok(Request::new(
-        trigger,
-        parts.method.as_str(),
-        target,
-        parts.headers,
-        body,
-    ))
+    invoke::finish(req, body, outcome, elapsed, span);
 }

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
-use crate::envelope::Request;
+use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request};
+use crate::process::arg_limit::{ArgLimit, TooLarge};
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
 use crate::response;
@@ -30,29 +31,68 @@ pub struct Exec {
     cwd: Option<PathBuf>,
     input: Input,
     timeout: Duration,
+    /// What execve takes: requests whose variables do not fit are refused before spawning.
+    args: ArgLimit,
+    slots: usize,
 }
 
 /// What the handler produced before it exited.
 enum Collected {
-    Done { exit: Exit, stdout: Vec<u8> },
+    Done {
+        exit: Exit,
+        stdout: Vec<u8>,
+    },
     TooLarge,
+    /// The request body streamed into it failed.
+    Body(BodyError),
 }
 
 impl Exec {
     /// The exec invoker for `config`.
     pub fn new(config: &Config) -> Exec {
+        let program = resolve(&config.command[0]).unwrap_or_else(|| config.command[0].clone());
+        let args = ArgLimit::of_this_process(&program, &config.command);
+        if args.room_left() == 0 {
+            tracing::warn!(
+                command = ?config.command,
+                "the wrapper's environment and RUNR_COMMAND leave no room for per-invocation variables: every request will be refused"
+            );
+        }
         Exec {
-            program: resolve(&config.command[0]).unwrap_or_else(|| config.command[0].clone()),
+            program,
             command: config.command.clone(),
             cwd: code_dir(),
             input: config.input,
             timeout: config.timeout,
+            args,
+            slots: config.max_inflight,
         }
     }
 
-    /// Runs the handler for `req` and maps what it did to an answer.
-    pub async fn invoke(&self, req: &Request) -> Outcome {
-        let deadline = Instant::now() + self.timeout;
+    /// Whether stdin gets the body as it arrives (raw input).
+    pub fn streams_body(&self) -> bool {
+        self.input == Input::Raw
+    }
+
+    /// Handler processes at once (`RUNR_MAX_INFLIGHT`).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Whether `req`'s variables can be passed to the handler at all (the headers are what a
+    /// client controls: one too long, or all together too many).
+    pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
+        self.args.check(&req.exec_env())
+    }
+
+    /// Runs the handler for `req` until `deadline` and maps what it did to an answer. With raw
+    /// input, `body` (when given) is fed to stdin as it arrives instead of `req.body`.
+    pub async fn invoke(
+        &self,
+        req: &Request,
+        mut body: Option<&mut BodyReader>,
+        deadline: Instant,
+    ) -> Outcome {
         let mut cmd = Command::new(&self.program);
         cmd.arg0(&self.command[0])
             .args(&self.command[1..])
@@ -73,25 +113,75 @@ impl Exec {
         if let Some(stderr) = proc.stderr.take() {
             process::forward_lines(stderr);
         }
-        let input = match self.input {
-            Input::Json => Bytes::from(req.envelope_json()),
-            Input::Raw => req.body.clone(),
-        };
         let stdin = proc.stdin.take();
         let stdout = proc.stdout.take();
+        let input = match (self.input, body.as_deref_mut()) {
+            (Input::Json, _) => Feed::Envelope(req),
+            (Input::Raw, Some(body)) => Feed::Stream(body),
+            (Input::Raw, None) => Feed::Raw(req.body.clone()),
+        };
         match tokio::time::timeout_at(deadline, collect(&mut proc, stdin, stdout, input)).await {
             Err(_elapsed) => {
                 // The handler used its whole budget: no grace period, the group goes now (a
                 // grace period would delay the 504 and keep a stuck process tree alive).
                 proc.signal_group(Signal::SIGKILL);
+                if body.is_some_and(|b| !b.is_done()) {
+                    // It was still waiting for the client's body.
+                    return Outcome::refused(BodyError::TimedOut.reply());
+                }
                 Outcome::timed_out(self.timeout)
             }
             Ok(Collected::TooLarge) => {
                 proc.signal_group(Signal::SIGKILL);
                 Outcome::output_too_large()
             }
+            Ok(Collected::Body(e)) => {
+                // It must not act on a body that is not the client's whole body.
+                proc.signal_group(Signal::SIGKILL);
+                Outcome::refused(e.reply())
+            }
             Ok(Collected::Done { exit, stdout }) => answer(exit, stdout),
         }
+    }
+}
+
+/// What goes into the handler's stdin.
+enum Feed<'a> {
+    /// The envelope, encoded piece by piece as the pipe takes it.
+    Envelope(&'a Request),
+    /// The body as it is, whole.
+    Raw(Bytes),
+    /// The body as it is, as it arrives from the client.
+    Stream(&'a mut BodyReader),
+}
+
+impl Feed<'_> {
+    /// Writes all of it. EPIPE means the handler does not read (all of) its input, which is
+    /// its right: the rest is not fed. A streamed body that fails is an error.
+    async fn write_to(self, w: &mut pipe::Sender) -> Result<(), BodyError> {
+        match self {
+            Feed::Envelope(req) => {
+                let mut envelope = EnvelopeStream::new(req);
+                let mut piece = Vec::new();
+                while envelope.next_piece(&mut piece) {
+                    if w.write_all(&piece).await.is_err() {
+                        break;
+                    }
+                    piece.clear();
+                }
+            }
+            Feed::Raw(body) => {
+                let _ = w.write_all(&body).await;
+            }
+            Feed::Stream(body) => {
+                while let Some(piece) = body.next().await {
+                    if w.write_all(&piece?).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -135,12 +225,12 @@ async fn collect(
     proc: &mut Process,
     stdin: Option<pipe::Sender>,
     mut stdout: Option<pipe::Receiver>,
-    input: Bytes,
+    input: Feed<'_>,
 ) -> Collected {
     let write = async move {
-        if let Some(mut w) = stdin {
-            // EPIPE means the handler does not read its input, which is its right.
-            let _ = w.write_all(&input).await;
+        match stdin {
+            Some(mut w) => input.write_to(&mut w).await,
+            None => Ok(()),
         }
         // Dropping `w` closes stdin: the handler sees EOF.
     };
@@ -151,7 +241,12 @@ async fn collect(
     let exit = loop {
         tokio::select! {
             exit = proc.wait() => break exit,
-            () = &mut write, if !written => written = true,
+            fed = &mut write, if !written => {
+                written = true;
+                if let Err(e) = fed {
+                    return Collected::Body(e);
+                }
+            }
             read = read_some(&mut stdout, &mut out), if !eof => match read {
                 Ok(0) | Err(_) => eof = true,
                 Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,

@@ -7,14 +7,17 @@ pub(crate) mod exec;
 pub(crate) mod pool;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
+use tokio::time::Instant;
 
 use crate::config::{Config, Mode};
-use crate::envelope::Request;
+use crate::envelope::{BodyReader, Request};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, Failure, Finished};
+use crate::process::arg_limit::TooLarge;
 use crate::response::Reply;
 use exec::Exec;
 use pool::Pool;
@@ -43,6 +46,9 @@ pub enum Ended {
     OutputTooLarge,
     /// No worker can take requests any more (shutting down).
     Unavailable,
+    /// The request body, streamed into the handler, turned out too large, broken or late: the
+    /// handler was killed and the client answered 413, 400 or 408.
+    Refused,
 }
 
 /// One invocation's result.
@@ -89,6 +95,14 @@ impl Outcome {
         )
     }
 
+    /// The answer to a request body that failed while it was streamed into the handler.
+    pub fn refused(reply: Reply) -> Outcome {
+        Outcome {
+            reply,
+            ended: Ended::Refused,
+        }
+    }
+
     /// 500 `handler failed to start`.
     pub fn failed_to_start() -> Outcome {
         Outcome::failed(
@@ -118,11 +132,46 @@ impl Invoker {
         }
     }
 
-    /// Runs one invocation to its end; never fails: every failure is an answer.
-    pub async fn invoke(&self, req: &Request) -> Outcome {
+    /// How many invocations run at once: exec mode's `RUNR_MAX_INFLIGHT`, persistent mode's
+    /// workers. The server admits that many at a time.
+    pub fn slots(&self) -> usize {
         match self {
-            Invoker::Exec(exec) => exec.invoke(req).await,
-            Invoker::Pool(pool) => pool.invoke(req).await,
+            Invoker::Exec(exec) => exec.slots(),
+            Invoker::Pool(pool) => pool.workers(),
+        }
+    }
+
+    /// Whether `req` can be handed to the handler at all, decided from its head before
+    /// anything is spawned or its body read: exec mode passes the headers as environment
+    /// variables, which the kernel limits.
+    pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
+        match self {
+            Invoker::Exec(exec) => exec.check(req),
+            Invoker::Pool(_) => Ok(()),
+        }
+    }
+
+    /// Whether the handler takes the body as it arrives (exec mode, raw input) rather than
+    /// whole: then [`Invoker::invoke`] gets the body still on the connection.
+    pub fn streams_body(&self) -> bool {
+        match self {
+            Invoker::Exec(exec) => exec.streams_body(),
+            Invoker::Pool(_) => false,
+        }
+    }
+
+    /// Runs one invocation to its end, answering 504 at `deadline`; never fails: every failure
+    /// is an answer. `body` is the body still to be read when [`Invoker::streams_body`] (else
+    /// `req.body` is all of it).
+    pub async fn invoke(
+        &self,
+        req: &Arc<Request>,
+        body: Option<&mut BodyReader>,
+        deadline: Instant,
+    ) -> Outcome {
+        match self {
+            Invoker::Exec(exec) => exec.invoke(req, body, deadline).await,
+            Invoker::Pool(pool) => pool.invoke(req, deadline).await,
         }
     }
 
@@ -158,6 +207,7 @@ pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
     match outcome.ended {
         Ended::TimedOut => Some(Failure::Timeout),
         Ended::ExitStatus(_) | Ended::FailedToStart | Ended::WorkerExited => Some(Failure::Crash),
+        Ended::Refused => None,
         Ended::Answered | Ended::OutputTooLarge | Ended::Unavailable => {
             (outcome.reply.status.as_u16() >= 500).then_some(Failure::Status)
         }
@@ -168,15 +218,26 @@ pub fn failure_of(outcome: &Outcome) -> Option<Failure> {
 #[derive(Debug, Default)]
 pub struct Started {
     span: Option<Span>,
-    /// Decided when the invocation starts, so that the first request in is the cold one.
+    /// Decided when the invocation begins ([`Started::begin`]), so that the first request
+    /// invoked is the cold one (not one refused before it).
     cold_start: Option<bool>,
     /// The client's own `traceparent`, which the handler's copy of the request no longer has.
     client_traceparent: Option<http::HeaderValue>,
 }
 
+impl Started {
+    /// Marks the moment the handler gets the request (after admission and the body).
+    pub fn begin(&mut self) {
+        if self.span.is_some() {
+            self.cold_start = Some(trace::take_cold_start());
+        }
+    }
+}
+
 /// The hook of exec and persistent mode before the handler runs: with tracing on, starts the
 /// server span and gives the handler (envelope headers, `RUNR_HEADER_TRACEPARENT`) a
-/// `traceparent` whose parent is that span, as the observed proxy does for http mode.
+/// `traceparent` whose parent is that span, as the observed proxy does for http mode. Call
+/// [`Started::begin`] when the invocation really begins.
 pub fn start(req: &mut Request) -> Started {
     let Some(span) = observe::global().and_then(|o| o.start_span(&req.headers, SystemTime::now()))
     else {
@@ -188,14 +249,21 @@ pub fn start(req: &mut Request) -> Started {
     }
     Started {
         span: Some(span),
-        cold_start: Some(trace::take_cold_start()),
+        cold_start: None,
         client_traceparent,
     }
 }
 
 /// The hook of exec and persistent mode, called where an invocation completed: access line,
-/// span and replay capture, as configured. `started` comes from [`start`].
-pub fn finish(req: &Request, outcome: &Outcome, elapsed: Duration, started: Started) {
+/// span and replay capture, as configured. `body` is the request body as far as it was kept
+/// and its full size; `started` comes from [`start`].
+pub fn finish(
+    req: &Request,
+    body: (&[u8], u64),
+    outcome: &Outcome,
+    elapsed: Duration,
+    started: Started,
+) {
     let Some(observer) = observe::global() else {
         return;
     };
@@ -227,8 +295,8 @@ pub fn finish(req: &Request, outcome: &Outcome, elapsed: Duration, started: Star
         path: &req.path,
         query: &req.raw_query,
         headers,
-        body: &req.body,
-        body_size: req.body.len() as u64,
+        body: body.0,
+        body_size: body.1,
         status: outcome.reply.status.as_u16(),
         took: elapsed,
         failure,

@@ -2,16 +2,22 @@
 //! in JSON lines: the envelope as one line on stdin, the answer as the first stdout line that
 //! parses as JSON (other lines, and every line printed while idle, go to the logs). Requests
 //! queue for a free worker; a worker that exits is restarted with backoff.
+//!
+//! A request written to a worker that exits without having read any of it (it exited right
+//! after its previous answer, before the wrapper noticed) was never delivered: it goes back in
+//! line for another worker instead of failing. The wrapper keeps a reading end of each
+//! worker's stdin pipe to tell: what the worker did not read is still in the pipe.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::StatusCode;
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 use tokio::task::JoinHandle;
@@ -19,8 +25,8 @@ use tokio::time::Instant;
 
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::Config;
-use crate::envelope::Request;
-use crate::process::{self, program_line, Line, Process};
+use crate::envelope::{EnvelopeStream, Request};
+use crate::process::{self, program_line, Drained, Line, Process};
 use crate::response;
 
 /// Restart delay after a worker that served a request or ran long enough.
@@ -31,12 +37,16 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(5);
 /// How long a stopping worker gets between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How many workers one request is written to at most when each exits without reading it.
+const MAX_DELIVERIES: u32 = 3;
 
 /// A queued request.
 struct Job {
-    line: Bytes,
+    req: Arc<Request>,
     deadline: Instant,
     reply: oneshot::Sender<Outcome>,
+    /// Workers it was written to that exited without reading any of it.
+    undelivered: u32,
 }
 
 /// The worker pool.
@@ -44,6 +54,7 @@ pub struct Pool {
     queue: mpsc::UnboundedSender<Job>,
     stop: watch::Sender<bool>,
     slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    workers: usize,
     timeout: Duration,
 }
 
@@ -51,7 +62,11 @@ pub struct Pool {
 struct Spec {
     command: Vec<String>,
     cwd: Option<PathBuf>,
+    /// Jobs in line. Unbounded here because the server's admission control lets at most one
+    /// request per worker in (the line in front of it is bounded by `RUNR_MAX_QUEUE`); an
+    /// undelivered job comes back through `requeue`.
     queue: Mutex<mpsc::UnboundedReceiver<Job>>,
+    requeue: mpsc::UnboundedSender<Job>,
     stop: watch::Receiver<bool>,
 }
 
@@ -65,6 +80,7 @@ impl Pool {
             command: config.command.clone(),
             cwd: code_dir(),
             queue: Mutex::new(rx),
+            requeue: tx.clone(),
             stop: stop_rx,
         });
         let slots = (0..config.workers)
@@ -74,21 +90,24 @@ impl Pool {
             queue: tx,
             stop: stop_tx,
             slots: std::sync::Mutex::new(slots),
+            workers: config.workers,
             timeout: config.timeout,
         }
     }
 
-    /// Queues `req` for the next free worker and waits for its answer; the timeout counts from
-    /// now, the wait for a worker included.
-    pub async fn invoke(&self, req: &Request) -> Outcome {
-        let deadline = Instant::now() + self.timeout;
-        let mut line = req.envelope_json();
-        line.push(b'\n');
+    /// How many requests the workers take at once.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Queues `req` for the next free worker and waits for its answer until `deadline`.
+    pub async fn invoke(&self, req: &Arc<Request>, deadline: Instant) -> Outcome {
         let (tx, rx) = oneshot::channel();
         let job = Job {
-            line: Bytes::from(line),
+            req: req.clone(),
             deadline,
             reply: tx,
+            undelivered: 0,
         };
         if self.queue.send(job).is_err() {
             return unavailable();
@@ -116,6 +135,14 @@ fn unavailable() -> Outcome {
         Ended::Unavailable,
         StatusCode::SERVICE_UNAVAILABLE,
         "no handler process is available",
+    )
+}
+
+fn worker_exited() -> Outcome {
+    Outcome::failed(
+        Ended::WorkerExited,
+        StatusCode::BAD_GATEWAY,
+        "handler process exited",
     )
 }
 
@@ -184,6 +211,9 @@ async fn run_slot(slot: usize, spec: Arc<Spec>) {
 struct Worker {
     proc: Process,
     stdin: pipe::Sender,
+    /// A reading end of the worker's stdin pipe, never read while the worker lives: once it is
+    /// gone, what is left in the pipe is what it did not read.
+    stdin_unread: OwnedFd,
     stdout: BufReader<pipe::Receiver>,
     /// The stdout line being read. It outlives each read so that a read cancelled by `serve()`'s
     /// select (a job won) loses no bytes: `read_line_capped` only suspends in `fill_buf`, and
@@ -194,12 +224,13 @@ struct Worker {
 }
 
 fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
+    let stdin = process::stdin_pipe()?;
     let mut cmd = Command::new(&spec.command[0]);
     cmd.args(&spec.command[1..])
         .env("RUNR_WORKER", slot.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdin(stdin.child)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     if let Some(dir) = &spec.cwd {
         cmd.current_dir(dir);
     }
@@ -207,13 +238,15 @@ fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
     if let Some(stderr) = proc.stderr.take() {
         process::forward_lines(stderr);
     }
-    let missing = || std::io::Error::other("worker pipes missing");
-    let stdin = proc.stdin.take().ok_or_else(missing)?;
-    let stdout = proc.stdout.take().ok_or_else(missing)?;
+    let stdout = proc
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("worker stdout missing"))?;
     tracing::info!(slot, pid = proc.id(), "worker started");
     Ok(Worker {
         proc,
-        stdin,
+        stdin: stdin.writer,
+        stdin_unread: stdin.unread,
         stdout: BufReader::with_capacity(64 * 1024, stdout),
         line: Vec::with_capacity(1024),
         stdout_open: true,
@@ -222,9 +255,17 @@ fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
 
 /// How a request to a worker went.
 enum Exchange {
-    Answer(Outcome),
-    /// The worker closed stdout or stdin: it is gone (or going).
-    Exited,
+    /// It answered; `clean` when it had read the whole request line first (so the next line it
+    /// reads is the next request's).
+    Answer {
+        outcome: Outcome,
+        clean: bool,
+    },
+    /// It is gone (exited, or closed stdout) without answering; `written` bytes of the request
+    /// line had gone into its stdin.
+    Exited {
+        written: usize,
+    },
     TooLarge,
 }
 
@@ -238,10 +279,16 @@ async fn serve(
     let mut served = false;
     loop {
         let job = tokio::select! {
-            job = async { spec.queue.lock().await.recv().await } => match job {
-                Some(job) => job,
-                None => return served,
-            },
+            // In this order: a worker known to be gone must not be handed a request.
+            biased;
+            _ = stop.changed() => {
+                stop_worker(slot, worker).await;
+                return served;
+            }
+            exit = worker.proc.wait() => {
+                tracing::warn!(slot, status = exit.code(), "worker exited");
+                return served;
+            }
             read = process::read_line_capped(
                 &mut worker.stdout,
                 &mut worker.line,
@@ -277,31 +324,41 @@ async fn serve(
                 }
                 continue;
             }
-            exit = worker.proc.wait() => {
-                tracing::warn!(slot, status = exit.code(), "worker exited");
-                return served;
-            }
-            _ = stop.changed() => {
-                stop_worker(slot, worker).await;
-                return served;
-            }
+            job = async { spec.queue.lock().await.recv().await } => match job {
+                Some(job) => job,
+                None => return served,
+            },
         };
         // Its requester gave up (timeout or client gone) while it queued.
         if job.reply.is_closed() || Instant::now() >= job.deadline {
             continue;
         }
-        let exchange =
-            tokio::time::timeout_at(job.deadline, exchange(&mut worker, &job.line)).await;
+        let exchange = tokio::time::timeout_at(job.deadline, exchange(&mut worker, &job.req)).await;
         let (outcome, keep) = match exchange {
-            Ok(Exchange::Answer(outcome)) => (outcome, true),
-            Ok(Exchange::Exited) => (
-                Outcome::failed(
-                    Ended::WorkerExited,
-                    StatusCode::BAD_GATEWAY,
-                    "handler process exited",
-                ),
-                false,
-            ),
+            Ok(Exchange::Answer { outcome, clean }) => {
+                served = true;
+                (outcome, clean)
+            }
+            Ok(Exchange::Exited { written }) => {
+                // The protocol state is unknown now: make sure the whole group is gone before
+                // looking at what it left unread.
+                worker.proc.signal_group(Signal::SIGKILL);
+                let exit = worker.proc.wait().await;
+                tracing::warn!(slot, status = exit.code(), "worker exited");
+                drop(worker.stdin);
+                let unread = count_unread(&worker.stdin_unread);
+                if unread == written && job.undelivered + 1 < MAX_DELIVERIES {
+                    tracing::info!(slot, id = %job.req.id, "worker exited before reading the request; it goes to another worker");
+                    let mut job = job;
+                    job.undelivered += 1;
+                    if let Err(mpsc::error::SendError(job)) = spec.requeue.send(job) {
+                        let _ = job.reply.send(worker_exited());
+                    }
+                } else {
+                    let _ = job.reply.send(worker_exited());
+                }
+                return served;
+            }
             Ok(Exchange::TooLarge) => (Outcome::output_too_large(), false),
             // The requester answers 504 itself at the same deadline.
             Err(_elapsed) => {
@@ -323,40 +380,157 @@ async fn serve(
             tracing::warn!(slot, status = exit.code(), "worker exited");
             return served;
         }
-        served = true;
     }
 }
 
-/// Writes one request line and reads stdout until a line parses as JSON.
+/// Writes one request line and reads stdout until a line parses as JSON, both at once (a
+/// worker that prints while it reads a long line must not deadlock against us).
 ///
 /// A line the worker began while idle (`worker.line` not empty) is completed first and logged
 /// whatever it holds: it started before the request was written, so it cannot be the answer.
 /// It still counts against the output limit as one line. A whole line that reached the pipe
 /// just as the job was taken is indistinguishable from an answer; that race is the protocol's.
-async fn exchange(worker: &mut Worker, line: &[u8]) -> Exchange {
-    if worker.stdin.write_all(line).await.is_err() {
-        return Exchange::Exited;
-    }
-    let mut idle_tail = !worker.line.is_empty();
+async fn exchange(worker: &mut Worker, req: &Request) -> Exchange {
+    let Worker {
+        proc,
+        stdin,
+        stdout,
+        line,
+        ..
+    } = worker;
+    let written = AtomicUsize::new(0);
+    let write = write_line(stdin, req, &written);
+    tokio::pin!(write);
+    // Whether the whole line went in; `None` while it is being written.
+    let mut complete: Option<bool> = None;
+    let mut idle_tail = !line.is_empty();
     loop {
-        match process::read_line_capped(&mut worker.stdout, &mut worker.line, MAX_OUTPUT + 1).await
-        {
-            Err(_) | Ok(Line::Eof) => return Exchange::Exited,
+        let read = tokio::select! {
+            ok = &mut write, if complete.is_none() => {
+                complete = Some(ok);
+                continue;
+            }
+            exit = proc.wait() => {
+                // It exited. Whatever it wrote is in the pipe already; a grandchild holding
+                // stdout must not keep us waiting for EOF, so read only that.
+                let _ = exit;
+                let mut rest = stdout.buffer().to_vec();
+                stdout.consume(rest.len());
+                if process::read_ready(stdout.get_ref(), &mut rest, MAX_OUTPUT + 1)
+                    == Drained::OverCap
+                {
+                    return Exchange::TooLarge;
+                }
+                return match answer_in(&rest, line, idle_tail) {
+                    Some(Ok(outcome)) => Exchange::Answer {
+                        outcome,
+                        clean: false,
+                    },
+                    Some(Err(())) => Exchange::TooLarge,
+                    None => Exchange::Exited { written: written.load(Ordering::Relaxed) },
+                };
+            }
+            read = process::read_line_capped(stdout, line, MAX_OUTPUT + 1) => read,
+        };
+        match read {
+            Err(_) | Ok(Line::Eof) => {
+                return Exchange::Exited {
+                    written: written.load(Ordering::Relaxed),
+                }
+            }
             Ok(Line::TooLong) => return Exchange::TooLarge,
             Ok(Line::Complete) => {
-                let text = worker.line.trim_ascii();
-                match serde_json::from_slice(text) {
-                    Ok(value) if !idle_tail => {
-                        let outcome = Outcome::answered(response::from_worker_value(value, text));
-                        worker.line.clear();
-                        return Exchange::Answer(outcome);
-                    }
-                    // A stray print, or the end of a line begun while idle: logs, not protocol.
-                    _ => program_line(&worker.line),
+                if let Some(outcome) = answer_line(line, idle_tail) {
+                    return Exchange::Answer {
+                        outcome,
+                        clean: complete == Some(true),
+                    };
                 }
-                worker.line.clear();
                 idle_tail = false;
             }
+        }
+    }
+}
+
+/// A complete stdout line during a request: the answer when it parses as JSON (and did not
+/// begin while the worker was idle), else a log line. Clears `line`.
+fn answer_line(line: &mut Vec<u8>, idle_tail: bool) -> Option<Outcome> {
+    let text = line.trim_ascii();
+    let answer = match serde_json::from_slice(text) {
+        Ok(value) if !idle_tail => {
+            Some(Outcome::answered(response::from_worker_value(value, text)))
+        }
+        // A stray print, or the end of a line begun while idle: logs, not protocol.
+        _ => {
+            program_line(line);
+            None
+        }
+    };
+    line.clear();
+    answer
+}
+
+/// The answer among the last bytes an exited worker wrote (`line` holds the start of the first
+/// line): `Some(Err)` when a line is over the limit, `None` when no line answers.
+fn answer_in(rest: &[u8], line: &mut Vec<u8>, mut idle_tail: bool) -> Option<Result<Outcome, ()>> {
+    let mut lines = rest.split_inclusive(|&b| b == b'\n').peekable();
+    while let Some(piece) = lines.next() {
+        line.extend_from_slice(piece);
+        if line.len() > MAX_OUTPUT + 1 {
+            return Some(Err(()));
+        }
+        // The last piece without a newline is an unfinished line: only logs.
+        if !piece.ends_with(b"\n") && lines.peek().is_none() {
+            program_line(line);
+            line.clear();
+            return None;
+        }
+        if let Some(outcome) = answer_line(line, idle_tail) {
+            return Some(Ok(outcome));
+        }
+        idle_tail = false;
+    }
+    None
+}
+
+/// Writes the envelope of `req` and a newline, counting in `written` what the pipe took.
+/// Returns whether all of it went in.
+async fn write_line(w: &mut pipe::Sender, req: &Request, written: &AtomicUsize) -> bool {
+    let mut envelope = EnvelopeStream::new(req);
+    let mut piece = Vec::new();
+    loop {
+        let more = envelope.next_piece(&mut piece);
+        if !more {
+            piece.push(b'\n');
+        }
+        let mut at = 0;
+        while at < piece.len() {
+            match w.write(&piece[at..]).await {
+                Ok(n) => {
+                    at += n;
+                    written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(_) => return false,
+            }
+        }
+        if !more {
+            return true;
+        }
+        piece.clear();
+    }
+}
+
+/// The bytes left in a dead worker's stdin pipe (our writing end closed, so reads end at EOF
+/// and never block).
+fn count_unread(unread: &OwnedFd) -> usize {
+    let mut chunk = [0u8; 8192];
+    let mut total = 0;
+    loop {
+        match nix::unistd::read(unread.as_raw_fd(), &mut chunk) {
+            Ok(0) => return total,
+            Ok(n) => total += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return total,
         }
     }
 }

@@ -3,12 +3,13 @@
 //! cancelled request leaves no strays). Exit statuses come from [`reaper`], the one place that
 //! calls `waitpid`. The program's output lines go to our stderr through [`program_line`].
 
+pub(crate) mod arg_limit;
 pub(crate) mod reaper;
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -124,6 +125,29 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.signal_group(Signal::SIGKILL);
     }
+}
+
+/// A stdin pipe whose reading end the wrapper keeps a copy of, so that once the process is gone
+/// it can tell what the process did not read: that is still in the pipe.
+pub struct StdinPipe {
+    /// The process's end, for [`Command::stdin`].
+    pub child: Stdio,
+    /// Our writing end.
+    pub writer: pipe::Sender,
+    /// Our copy of the reading end: blocking (its open file is the child's stdin, whose mode
+    /// must not change), so read it only once `writer` is closed, when reads end at EOF.
+    pub unread: OwnedFd,
+}
+
+/// A new [`StdinPipe`] (close-on-exec, so no other child inherits our ends).
+pub fn stdin_pipe() -> io::Result<StdinPipe> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let unread = read.try_clone()?;
+    Ok(StdinPipe {
+        child: Stdio::from(read),
+        writer: pipe::Sender::from_owned_fd(write)?,
+        unread,
+    })
 }
 
 /// Forwards a process's stderr (or any pipe) to our stderr line by line, until EOF.
@@ -312,6 +336,57 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), gone)
             .await
             .expect("grandchild killed with its group");
+
+        the_kernel_agrees_with_arg_limit().await;
+    }
+
+    /// The kernel takes exactly what [`arg_limit::ArgLimit`] says fits, and refuses one byte
+    /// more: as one string and in total. (Called from the one spawning test.)
+    async fn the_kernel_agrees_with_arg_limit() {
+        use std::ffi::OsString;
+        let program = "/bin/true";
+        let argv = [program.to_string()];
+        let stack = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_STACK)
+            .ok()
+            .map(|(soft, _)| soft)
+            .filter(|s| *s != nix::sys::resource::RLIM_INFINITY);
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .unwrap()
+            .unwrap() as usize;
+        let limit = arg_limit::ArgLimit::new(stack, page, program, &argv, &[], 0);
+        let run = |vars: &[(OsString, OsString)]| {
+            let mut cmd = Command::new(program);
+            cmd.env_clear().envs(vars.iter().cloned());
+            spawn(&mut cmd)
+        };
+        // One string: `A=` + value + NUL at most 32 pages.
+        let one = |len: usize| vec![(OsString::from("A"), OsString::from("v".repeat(len)))];
+        let longest = 32 * page - 3;
+        assert_eq!(limit.check(&one(longest)), Ok(()));
+        assert_eq!(run(&one(longest)).unwrap().wait().await, Exit::Code(0));
+        assert!(limit.check(&one(longest + 1)).is_err());
+        let e = run(&one(longest + 1)).err().expect("E2BIG");
+        assert_eq!(e.raw_os_error(), Some(nix::libc::E2BIG), "{e}");
+        // In total: variables of 100 KiB and one that fills the rest exactly.
+        let mut room = limit.room_left();
+        let mut vars = Vec::new();
+        let mut i = 0;
+        while room > 0 {
+            let name = format!("V{i}");
+            // name, '=', value, NUL and the pointer.
+            let overhead = name.len() + 2 + std::mem::size_of::<usize>();
+            let len = (room - overhead).min(100 * 1024);
+            vars.push((OsString::from(&name), OsString::from("v".repeat(len))));
+            room -= overhead + len;
+            i += 1;
+        }
+        assert_eq!(limit.check(&vars), Ok(()));
+        assert_eq!(run(&vars).unwrap().wait().await, Exit::Code(0));
+        let last = vars.last_mut().unwrap();
+        last.1.push("v");
+        assert!(limit.check(&vars).is_err());
+        let e = run(&vars).err().expect("E2BIG");
+        assert_eq!(e.raw_os_error(), Some(nix::libc::E2BIG), "{e}");
     }
 
     #[tokio::test]

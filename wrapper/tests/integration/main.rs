@@ -2,10 +2,13 @@
 //! runr-wrapper on free loopback ports with real handlers (bash, python3, C). Add new modules
 //! here rather than new files at tests/ top level.
 
+mod admission;
 mod exec;
+mod headers;
 mod http_mode;
 mod lifecycle;
 mod logs;
+mod memory;
 mod observed_support;
 mod persistent;
 mod proxy;

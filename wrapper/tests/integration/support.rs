@@ -291,3 +291,40 @@ pub fn children_of(ppid: i32) -> Vec<(i32, String)> {
     }
     out
 }
+
+/// A `/proc/<pid>/status` field in KiB (`VmHWM`: peak RSS, `VmRSS`: RSS now).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// A file the `/gate` handlers wait for (`GATE`): they hold their slot until it is opened.
+pub struct Gate {
+    dir: tempfile::TempDir,
+}
+
+impl Gate {
+    pub fn new() -> Gate {
+        Gate {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The variable that tells the handlers where the gate is.
+    pub fn var(&self) -> (String, String) {
+        ("GATE".into(), self.path().display().to_string())
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("open")
+    }
+
+    /// Lets every waiting handler go on.
+    pub fn open(&self) {
+        std::fs::write(self.path(), b"").unwrap();
+    }
+}
