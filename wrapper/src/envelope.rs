@@ -45,7 +45,9 @@ pub struct Request {
     pub raw_query: String,
     /// Request headers (names are lower-case in `HeaderMap`).
     pub headers: HeaderMap,
-    /// The whole body (at most 10 MiB, checked by the server); empty until [`Request::set_body`].
+    /// The whole body (at most [`MAX_BODY`]); empty until [`Request::set_body`], and for raw
+    /// exec input, which goes from the connection into the handler as it arrives
+    /// ([`BodyReader`]).
     pub body: Bytes,
     /// The CloudEvent attributes (queue and schedule triggers) folded from the `ce-*` headers;
     /// its `data` is made from the body when the envelope is encoded.

@@ -19,6 +19,8 @@
 pub mod commands;
 pub(crate) mod config;
 pub(crate) mod envelope;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz;
 pub(crate) mod http;
 pub(crate) mod install;
 pub(crate) mod invoke;
