@@ -45,7 +45,13 @@ pub fn envelope(data: &[u8]) {
         headers.insert("content-type", HeaderValue::from_static("application/json"));
     }
     let trigger = [Trigger::Http, Trigger::Queue, Trigger::Schedule][usize::from(flags % 3)];
-    let req = Request::new(trigger, "POST", &target, headers, Bytes::copy_from_slice(body));
+    let req = Request::new(
+        trigger,
+        "POST",
+        &target,
+        headers,
+        Bytes::copy_from_slice(body),
+    );
 
     let streamed = req.envelope_json();
     assert_eq!(streamed, whole_envelope(&req), "streamed and whole differ");
@@ -83,7 +89,10 @@ pub fn response(data: &[u8]) {
 
 fn well_formed(r: &Reply) {
     assert!((100..=999).contains(&r.status.as_u16()), "{}", r.status);
-    let typed = r.headers.iter().any(|(n, _)| n == http::header::CONTENT_TYPE);
+    let typed = r
+        .headers
+        .iter()
+        .any(|(n, _)| n == http::header::CONTENT_TYPE);
     assert!(typed || r.body.is_empty(), "a body without a content type");
 }
 
@@ -125,7 +134,10 @@ pub fn line_reader(data: &[u8]) {
 fn reference_lines(mut input: &[u8], cap: usize) -> Vec<(Vec<u8>, Line)> {
     let mut out = Vec::new();
     loop {
-        match input[..input.len().min(cap)].iter().position(|&b| b == b'\n') {
+        match input[..input.len().min(cap)]
+            .iter()
+            .position(|&b| b == b'\n')
+        {
             Some(i) => {
                 out.push((input[..=i].to_vec(), Line::Complete));
                 input = &input[i + 1..];

@@ -37,8 +37,10 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(5);
 /// How long a stopping worker gets between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
-/// How many workers one request is written to at most when each exits without reading it.
-const MAX_DELIVERIES: u32 = 3;
+/// How many more times than there are workers one request is written to at most when each
+/// worker exits without reading it (a worker that just answered and is exiting costs one; a
+/// crash-looping pool ends the request with a 502 after this many restarts).
+const EXTRA_DELIVERIES: u32 = 2;
 
 /// A queued request.
 struct Job {
@@ -68,6 +70,8 @@ struct Spec {
     queue: Mutex<mpsc::UnboundedReceiver<Job>>,
     requeue: mpsc::UnboundedSender<Job>,
     stop: watch::Receiver<bool>,
+    /// Workers one request may be written to at most (see [`EXTRA_DELIVERIES`]).
+    max_deliveries: u32,
 }
 
 impl Pool {
@@ -82,6 +86,7 @@ impl Pool {
             queue: Mutex::new(rx),
             requeue: tx.clone(),
             stop: stop_rx,
+            max_deliveries: u32::try_from(config.workers).unwrap_or(u32::MAX) + EXTRA_DELIVERIES,
         });
         let slots = (0..config.workers)
             .map(|slot| tokio::spawn(run_slot(slot, spec.clone())))
@@ -347,7 +352,7 @@ async fn serve(
                 tracing::warn!(slot, status = exit.code(), "worker exited");
                 drop(worker.stdin);
                 let unread = count_unread(&worker.stdin_unread);
-                if unread == written && job.undelivered + 1 < MAX_DELIVERIES {
+                if unread == written && job.undelivered + 1 < spec.max_deliveries {
                     tracing::info!(slot, id = %job.req.id, "worker exited before reading the request; it goes to another worker");
                     let mut job = job;
                     job.undelivered += 1;

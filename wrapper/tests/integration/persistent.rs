@@ -259,3 +259,26 @@ fn a_request_the_worker_read_before_crashing_is_not_sent_again() {
         w.log()
     );
 }
+
+#[test]
+fn a_worker_that_exits_mid_request_is_noticed_even_while_a_child_holds_its_stdout() {
+    // It reads the request, leaves a child holding stdout and exits: the answer is 502 at
+    // once, not a 504 when the child finally lets go of the pipe.
+    let w = Wrapper::start(&[
+        ("RUNR_WRAPPER_MODE".into(), "persistent".into()),
+        (
+            "RUNR_COMMAND".into(),
+            serde_json::to_string(&["bash", "-c", "read -r line; sleep 30 & exit 3"]).unwrap(),
+        ),
+        ("RUNR_TIMEOUT".into(), "20".into()),
+    ]);
+    let started = std::time::Instant::now();
+    let r = w.get("/");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.error(), "handler process exited");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
