@@ -3,16 +3,20 @@
 #   exec mode with `cat` (RUNR_INPUT=raw) | persistent mode with a compiled echo worker |
 #   the same echo served by bare hyper (no wrapper)
 # at concurrency 1, 8 and 64 (wrk, 100-byte POSTs): req/s, p50/p99 latency, CPU per request
-# (the server's process tree: wrapper + reaped children + live workers); then the exec-mode
-# floor (bare posix_spawn+pipe+wait of `cat`, C), idle RSS, stripped static binary size and the
-# time from exec to the first answered request.
+# (the server's process tree: wrapper + reaped children + live workers); then exec mode's CPU
+# per request against two floors in C (posix_spawn+pipe+wait of `cat`: bench/spawn_floor.c;
+# fork+execve+waitpid of `cat`: bench/fork_exec_cat.c), the peak RSS of 64 concurrent 9 MiB
+# requests in both input modes (and with RUNR_MAX_INFLIGHT=8), idle RSS, stripped static binary
+# size and the time from exec to the first answered request.
 #
 #   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=4
+#   BEFORE=/path/to/older/runr-wrapper bash bench/wrapper.sh   # peak RSS of that binary too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5}
 WORKERS=${WORKERS:-4}
+BEFORE=${BEFORE:-}
 TARGET=x86_64-unknown-linux-musl
 OUT=bench/out
 mkdir -p "$OUT"
@@ -27,6 +31,8 @@ BIN=target/$TARGET/release/runr-wrapper
 BARE=target/$TARGET/release/examples/bare_echo
 cc -O2 -o "$OUT/echo_worker" examples/c/echo_worker.c
 cc -O2 -o "$OUT/spawn_floor" bench/spawn_floor.c
+cc -O2 -o "$OUT/fork_exec_cat" bench/fork_exec_cat.c
+cc -O2 -o "$OUT/stress_handler" wrapper/tests/fixtures/stress_handler.c
 cc -O2 -o "$OUT/first_answer" bench/first_answer.c
 
 cat >"$OUT/post.lua" <<'EOF'
@@ -115,6 +121,40 @@ kill "$pid"; wait "$pid" || true
 
 echo "spawn floor, size, start-up ..." >&2
 read -r FLOOR_CPU FLOOR_WALL <<<"$("$OUT/spawn_floor" 3000)"
+read -r FORK_CPU FORK_WALL <<<"$("$OUT/fork_exec_cat" 3000)"
+
+# Peak RSS (VmHWM) of the wrapper while 64 requests of 9 MiB are in it at once: the handlers
+# wait at a gate before reading stdin, so every admitted body is held at the same moment.
+head -c $((9 * 1024 * 1024)) /dev/zero | tr '\0' 'a' >"$OUT/body-9mib"
+children() { cat /proc/"$1"/task/*/children 2>/dev/null | wc -w; }
+peak_rss() { # binary input running [VAR=value...] -> MiB
+  local bin=$1 input=$2 running=$3 p pid curls=() i
+  shift 3
+  p=$(free_port)
+  rm -f "$OUT/gate"
+  env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT="$input" RUNR_TIMEOUT=300 \
+    GATE="$PWD/$OUT/gate" RUNR_COMMAND="$PWD/$OUT/stress_handler" "$@" "$bin" >/dev/null 2>>"$OUT/wrapper.log" &
+  pid=$!
+  for _ in $(seq 400); do curl -s -o /dev/null "http://127.0.0.1:$p/answer/0/1" && break; sleep 0.025; done
+  for i in $(seq 64); do
+    curl -s -o /dev/null -H 'Expect:' --data-binary @"$OUT/body-9mib" "http://127.0.0.1:$p/gate" &
+    curls+=($!)
+  done
+  for _ in $(seq 2400); do [ "$(children "$pid")" -ge "$running" ] && break; sleep 0.05; done
+  touch "$OUT/gate"
+  wait "${curls[@]}" || true
+  awk '/VmHWM/ { printf "%.0f", $2 / 1024 }' /proc/"$pid"/status
+  kill "$pid"; wait "$pid" || true
+}
+echo "peak RSS of 64 concurrent 9 MiB requests ..." >&2
+declare -A RSS
+for bin in after ${BEFORE:+before}; do
+  b=$BIN
+  [ "$bin" = before ] && b=$BEFORE
+  RSS[$bin,json]=$(peak_rss "$b" json 64)
+  RSS[$bin,raw]=$(peak_rss "$b" raw 64)
+  RSS[$bin,json8]=$(peak_rss "$b" json 8 RUNR_MAX_INFLIGHT=8)
+done
 cp "$BIN" "$OUT/runr-wrapper.stripped" && strip "$OUT/runr-wrapper.stripped"
 SIZE=$(stat -c %s "$OUT/runr-wrapper.stripped")
 STATIC=$(file -b "$BIN" | grep -oE 'static(-pie)? linked' || echo "NOT static")
@@ -142,9 +182,17 @@ for name in exec persistent bare; do
 done
 echo
 printf 'spawn floor (posix_spawn+pipe+wait of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FLOOR_CPU" "$FLOOR_WALL"
+printf 'fork floor (fork+execve+waitpid of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FORK_CPU" "$FORK_WALL"
 for c in 1 8 64; do
-  awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v c="$c" \
-    'BEGIN { printf "exec c%-2s CPU per request / floor: %.2fx\n", c, e / f }'
+  awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v k="$FORK_CPU" -v c="$c" \
+    'BEGIN { printf "exec c%-2s CPU per request: %s us, %.2fx the spawn floor, %.2fx the fork floor\n", c, e, e / f, e / k }'
+done
+printf '\npeak RSS, 64 concurrent 9 MiB requests (targets: json <= 695 MiB, raw <= 608 MiB, json with RUNR_MAX_INFLIGHT=8 <= 115 MiB)\n'
+printf '%-28s %10s %10s\n' input after "${BEFORE:+before}"
+for k in json raw json8; do
+  label=$k
+  [ "$k" = json8 ] && label="json, RUNR_MAX_INFLIGHT=8"
+  printf '%-28s %6s MiB %6s\n' "$label" "${RSS[after,$k]}" "${BEFORE:+${RSS[before,$k]} MiB}"
 done
 for c in 1 8 64; do
   awk -v p="${P50[persistent,$c]}" -v b="${P50[bare,$c]}" -v pr="${RPS[persistent,$c]}" -v br="${RPS[bare,$c]}" -v c="$c" \
