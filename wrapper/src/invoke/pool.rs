@@ -415,10 +415,9 @@ async fn exchange(worker: &mut Worker, req: &Request) -> Exchange {
                 complete = Some(ok);
                 continue;
             }
-            exit = proc.wait() => {
+            _ = proc.wait() => {
                 // It exited. Whatever it wrote is in the pipe already; a grandchild holding
                 // stdout must not keep us waiting for EOF, so read only that.
-                let _ = exit;
                 let mut rest = stdout.buffer().to_vec();
                 stdout.consume(rest.len());
                 if process::read_ready(stdout.get_ref(), &mut rest, MAX_OUTPUT + 1)
@@ -432,16 +431,23 @@ async fn exchange(worker: &mut Worker, req: &Request) -> Exchange {
                         clean: false,
                     },
                     Some(Err(())) => Exchange::TooLarge,
-                    None => Exchange::Exited { written: written.load(Ordering::Relaxed) },
+                    None => Exchange::Exited {
+                        written: written.load(Ordering::Relaxed),
+                    },
                 };
             }
             read = process::read_line_capped(stdout, line, MAX_OUTPUT + 1) => read,
         };
         match read {
             Err(_) | Ok(Line::Eof) => {
+                // What it began to write before it went is only logs.
+                if !line.is_empty() {
+                    program_line(line);
+                    line.clear();
+                }
                 return Exchange::Exited {
                     written: written.load(Ordering::Relaxed),
-                }
+                };
             }
             Ok(Line::TooLong) => return Exchange::TooLarge,
             Ok(Line::Complete) => {
