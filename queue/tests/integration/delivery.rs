@@ -125,8 +125,6 @@ fn through_the_wrapper_to_the_spec_bash_handler() {
 }
 
 #[test]
-#[ignore = "runr-wrapper's exec mode answers 200 with empty or cut bodies under concurrent \
-            requests (issue 10); run with --ignored once that is fixed"]
 fn through_the_wrapper_to_the_spec_bash_handler_8_at_once() {
     through_the_wrapper("8", 80);
 }
