@@ -14,13 +14,14 @@ use std::time::{Duration, SystemTime};
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use runr_base::fmt::error_chain;
+use runr_registry::failure::quote_answer;
 use runr_registry::oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
     OCI_IMAGE_MEDIA_TYPE,
 };
 use runr_registry::oci_client::secrets::RegistryAuth;
 use runr_registry::oci_client::{self, Reference, RegistryOperation};
-use runr_registry::{RegistryConfig, Timeouts};
+use runr_registry::{AuthFailure, RefusedBy, RegistryConfig, Timeouts};
 
 /// Time to establish a TCP (+TLS) connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,9 +123,13 @@ pub enum FetchError {
         /// How long the confirmation waited.
         secs: u64,
     },
-    /// The token flow failed.
-    #[error("authentication for {repository} failed: {cause}")]
-    Auth {
+    /// The token service refused the credentials, or the registry refused the request made
+    /// with them (401/403): says so first, names the registry, quotes the refusal.
+    #[error("{0}")]
+    Auth(AuthFailure),
+    /// The token flow failed otherwise (e.g. the token service's answer is not a token).
+    #[error("the token flow for {repository} failed: {cause}")]
+    Token {
         /// The repository the token was for.
         repository: String,
         /// Why.
@@ -149,7 +154,9 @@ impl FetchError {
     /// for what it does not hold), 408 and 429.
     pub fn retryable(&self) -> bool {
         match self {
-            FetchError::BadManifest { .. } | FetchError::Auth { .. } => false,
+            FetchError::BadManifest { .. } | FetchError::Auth(_) | FetchError::Token { .. } => {
+                false
+            }
             FetchError::Status { status, .. } => {
                 !matches!(status, 400..=499) || matches!(status, 404 | 408 | 429)
             }
@@ -337,9 +344,20 @@ impl Cache {
                 }
                 Ok(Ok(resp)) => resp,
             };
-            if resp.status() == StatusCode::UNAUTHORIZED && !refreshed {
+            let status = resp.status().as_u16();
+            if status == 401 && !refreshed {
                 refreshed = true;
                 continue;
+            }
+            if matches!(status, 401 | 403) {
+                let refused_by = match authz {
+                    Authorization::Bearer(_) => RefusedBy::TokenScope { status },
+                    _ => RefusedBy::Registry { status },
+                };
+                let answer = read_answer(resp).await;
+                return Err(FetchError::Auth(AuthFailure::new(
+                    &self.host, repository, &self.auth, refused_by, &answer,
+                )));
             }
             return Ok(resp);
         }
@@ -371,10 +389,19 @@ impl Cache {
                     cause: error_chain(&e),
                 })
             }
+            Err(oci_client::errors::OciDistributionError::AuthenticationFailure(body)) => {
+                return Err(FetchError::Auth(AuthFailure::new(
+                    &self.host,
+                    repository,
+                    &self.auth,
+                    RefusedBy::TokenService,
+                    body.as_bytes(),
+                )))
+            }
             Err(e) => {
-                return Err(FetchError::Auth {
+                return Err(FetchError::Token {
                     repository: repository.into(),
-                    cause: e.to_string(),
+                    cause: error_chain(&e),
                 })
             }
         };
@@ -417,28 +444,30 @@ pub fn blob_what(repository: &str, digest: &str) -> String {
 
 /// Turns a non-success answer into an error carrying its status, `Retry-After` and the start of
 /// its body (registries explain 4xx answers in a JSON envelope).
-async fn status_error(what: &str, mut resp: Response) -> FetchError {
+async fn status_error(what: &str, resp: Response) -> FetchError {
     let status = resp.status().as_u16();
     let retry_after = runr_registry::http::retry_after(resp.headers(), SystemTime::now());
-    let mut detail = Vec::new();
-    // Only the start: a proxy's error page can be large and is only there to be quoted.
-    while detail.len() < 512 {
-        match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
-            Ok(Ok(Some(chunk))) => detail.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    detail.truncate(512);
-    let detail = String::from_utf8_lossy(&detail)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
     FetchError::Status {
         what: what.into(),
         status,
         retry_after,
-        detail,
+        detail: quote_answer(&read_answer(resp).await),
     }
+}
+
+/// The start of an error answer's body, for quoting: a proxy's error page can be large and is
+/// only there to be recognised, and a slow one is not waited for long.
+async fn read_answer(mut resp: Response) -> Vec<u8> {
+    let limit = runr_registry::failure::ANSWER_QUOTE_LIMIT;
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(limit);
+    body
 }
 
 fn header(resp: &Response, name: &str) -> Option<String> {
@@ -485,6 +514,17 @@ mod tests {
             reason: "y".into(),
         };
         assert!(!bad.retryable());
+        let refused = FetchError::Auth(AuthFailure::new(
+            "r:5000",
+            "a",
+            &RegistryAuth::Anonymous,
+            RefusedBy::TokenService,
+            b"{}\n",
+        ));
+        assert!(!refused.retryable() && !refused.registry_gone());
+        assert!(refused
+            .to_string()
+            .starts_with("authentication failed at the registry r:5000"));
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! End-to-end tests: the real `runr-prewarm` binary against a real pull-through cache
 //! (`docker-registry` in proxy mode) in front of a real upstream registry holding images pushed
 //! with skopeo. The proof of a warm cache is always the same: with the upstream stopped,
-//! `skopeo copy docker://cache/… dir:…` succeeds.
+//! `skopeo copy docker://cache/… dir:…` succeeds. [`edges`] covers what an operator sees when
+//! something goes wrong: a signal mid-run, refused credentials, bad certificates, a cache that
+//! ignores `Range`.
 
+mod edges;
 mod fixtures;
 
 use std::time::Duration;
@@ -122,6 +125,22 @@ fn a_cache_with_basic_auth_is_warmed_with_the_credentials_only() {
     assert_eq!(anonymous.code, 1, "{anonymous:?}");
     let image = anonymous.image(&anonymous.summary(), "small:1").clone();
     assert_eq!(image["status"], "failed", "{anonymous:?}");
+    // No token service here: the registry's own 401 is quoted.
+    assert_eq!(
+        image["error"].as_str(),
+        Some(
+            format!(
+                "authentication failed at the registry {} (repository small, no credentials: \
+                 RUNR_REGISTRY_USERNAME is unset): it answered HTTP 401: {{\"errors\":[{{\"code\":\
+                 \"UNAUTHORIZED\",\"message\":\"authentication required\",\"detail\":[{{\"Type\":\"repository\",\
+                 \"Class\":\"\",\"Name\":\"small\",\"Action\":\"pull\"}}]}}]}}",
+                cache.host()
+            )
+            .as_str()
+        ),
+        "{anonymous:?}"
+    );
+    assert_eq!(image["attempts"], 1, "{anonymous:?}");
 
     let with_creds = run(&env_with(
         &cache,
