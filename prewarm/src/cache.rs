@@ -21,7 +21,7 @@ use runr_registry::oci_client::manifest::{
 };
 use runr_registry::oci_client::secrets::RegistryAuth;
 use runr_registry::oci_client::{self, Reference, RegistryOperation};
-use runr_registry::{AuthFailure, RefusedBy, RegistryConfig, Timeouts};
+use runr_registry::{AuthFailure, RefusedBy, RegistryConfig, Timeouts, TlsFailure};
 
 /// Time to establish a TCP (+TLS) connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,7 +48,7 @@ const MANIFEST_TYPES: [&str; 4] = [
 /// Why a request to the cache did not give what was asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FetchError {
-    /// No connection could be made (refused, reset, DNS, TLS).
+    /// No connection could be made (refused, reset, DNS).
     #[error("{what}: cannot reach the registry: {cause}")]
     Connect {
         /// The request, e.g. `blob python@sha256:…`.
@@ -123,6 +123,10 @@ pub enum FetchError {
         /// How long the confirmation waited.
         secs: u64,
     },
+    /// The TLS handshake failed (unknown CA, wrong name, expired, not valid yet, not TLS at
+    /// all): a configuration error, neither retried nor waited out.
+    #[error("{0}")]
+    Tls(TlsFailure),
     /// The token service refused the credentials, or the registry refused the request made
     /// with them (401/403): says so first, names the registry, quotes the refusal.
     #[error("{0}")]
@@ -150,13 +154,14 @@ impl FetchError {
     }
 
     /// False for failures another attempt cannot cure: a manifest prewarm cannot use, a failed
-    /// login, and 4xx answers other than 404 (a cache whose upstream is unreachable answers 404
+    /// TLS handshake, a refused login, and 4xx answers other than 404 (a cache whose upstream is unreachable answers 404
     /// for what it does not hold), 408 and 429.
     pub fn retryable(&self) -> bool {
         match self {
-            FetchError::BadManifest { .. } | FetchError::Auth(_) | FetchError::Token { .. } => {
-                false
-            }
+            FetchError::BadManifest { .. }
+            | FetchError::Tls(_)
+            | FetchError::Auth(_)
+            | FetchError::Token { .. } => false,
             FetchError::Status { status, .. } => {
                 !matches!(status, 400..=499) || matches!(status, 404 | 408 | 429)
             }
@@ -236,10 +241,7 @@ impl Cache {
                 what: what.into(),
                 secs: PING_TIMEOUT.as_secs(),
             }),
-            Ok(Err(e)) => Err(FetchError::Connect {
-                what: what.into(),
-                cause: error_chain(&e),
-            }),
+            Ok(Err(e)) => Err(self.connect_error(what, &e)),
             Ok(Ok(resp)) => Ok(resp.status().as_u16()),
         }
     }
@@ -336,12 +338,7 @@ impl Cache {
                         secs: HEADER_WAIT.as_secs(),
                     })
                 }
-                Ok(Err(e)) => {
-                    return Err(FetchError::Connect {
-                        what: what.into(),
-                        cause: error_chain(&e),
-                    })
-                }
+                Ok(Err(e)) => return Err(self.connect_error(what, &e)),
                 Ok(Ok(resp)) => resp,
             };
             let status = resp.status().as_u16();
@@ -384,10 +381,7 @@ impl Cache {
             Ok(None) if self.basic.is_some() => Authorization::Basic,
             Ok(None) => Authorization::Anonymous,
             Err(oci_client::errors::OciDistributionError::RequestError(e)) => {
-                return Err(FetchError::Connect {
-                    what: format!("token for {repository}"),
-                    cause: error_chain(&e),
-                })
+                return Err(self.connect_error(&format!("token for {repository}"), &e))
             }
             Err(oci_client::errors::OciDistributionError::AuthenticationFailure(body)) => {
                 return Err(FetchError::Auth(AuthFailure::new(
@@ -408,6 +402,18 @@ impl Cache {
         self.lock_tokens()
             .insert(repository.to_string(), authz.clone());
         Ok(authz)
+    }
+
+    /// A request that got no answer: a TLS failure (configuration) or a connection problem
+    /// (worth waiting for the registry to come back).
+    fn connect_error(&self, what: &str, e: &reqwest::Error) -> FetchError {
+        match TlsFailure::find(&self.host, e) {
+            Some(tls) => FetchError::Tls(tls),
+            None => FetchError::Connect {
+                what: what.into(),
+                cause: error_chain(e),
+            },
+        }
     }
 
     fn lock_tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, Authorization>> {
@@ -525,6 +531,12 @@ mod tests {
         assert!(refused
             .to_string()
             .starts_with("authentication failed at the registry r:5000"));
+        let tls = FetchError::Tls(TlsFailure {
+            registry: "r:5000".into(),
+            problem: runr_registry::TlsProblem::UnknownIssuer,
+            detail: "invalid peer certificate: UnknownIssuer".into(),
+        });
+        assert!(!tls.retryable() && !tls.registry_gone(), "{tls}");
     }
 
     #[test]

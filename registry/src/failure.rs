@@ -186,13 +186,10 @@ impl TlsFailure {
     fn hint(&self) -> &'static str {
         match self.problem {
             TlsProblem::UnknownIssuer => {
-                "its certificate is not signed by a CA this binary trusts (the built-in roots \
-                 and RUNR_REGISTRY_CA_FILE)"
+                "its certificate is not signed by a CA this binary trusts: the built-in roots \
+                 and RUNR_REGISTRY_CA_FILE"
             }
-            TlsProblem::WrongName => {
-                "its certificate is not for the name it was reached by; use a name the \
-                 certificate lists"
-            }
+            TlsProblem::WrongName => "its certificate is not for the name it was reached by",
             TlsProblem::Expired | TlsProblem::NotValidYet => {
                 "check the certificate's validity dates and this machine's clock"
             }
@@ -488,8 +485,8 @@ mod tests {
         assert_eq!(
             found.to_string(),
             "TLS with the registry r:5000 failed: invalid peer certificate: UnknownIssuer (its \
-             certificate is not signed by a CA this binary trusts (the built-in roots and \
-             RUNR_REGISTRY_CA_FILE))"
+             certificate is not signed by a CA this binary trusts: the built-in roots and \
+             RUNR_REGISTRY_CA_FILE)"
         );
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert_eq!(TlsFailure::find("r", &refused), None);
