@@ -4,6 +4,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,8 @@ pub struct Fetcher {
     cache: Arc<Cache>,
     state: Mutex<State>,
     wake: Notify,
+    /// Set by [`Fetcher::stop`]: workers take no new job.
+    stopped: AtomicBool,
 }
 
 #[derive(Default)]
@@ -98,7 +101,19 @@ impl Fetcher {
             cache,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
+            stopped: AtomicBool::new(false),
         })
+    }
+
+    /// Stops the workers from taking new jobs (the run was signalled); transfers under way end
+    /// when their workers are dropped.
+    pub fn stop(&self) {
+        self.stopped.store(true, AtomicOrdering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(AtomicOrdering::SeqCst)
     }
 
     /// Starts `n` workers; they run until the returned set is dropped.
@@ -173,11 +188,14 @@ impl Fetcher {
     async fn work(&self) {
         loop {
             let job = loop {
+                if self.is_stopped() {
+                    return;
+                }
                 if let Some(job) = self.lock().queue.pop() {
                     break job;
                 }
                 // notify_one stores a permit when nobody waits, so a push between the check
-                // above and this await is not lost.
+                // above and this await is not lost; stop() wakes every waiter.
                 self.wake.notified().await;
             };
             let (repository, digest) = &job.key;

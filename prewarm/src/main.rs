@@ -5,6 +5,8 @@
 
 use std::process::ExitCode;
 
+use futures_util::future::Either;
+
 use runr_prewarm::{Config, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LOG_FORMAT};
 
 fn main() -> ExitCode {
@@ -53,7 +55,21 @@ fn run() -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    match runtime.block_on(runr_prewarm::run(config)) {
+    let outcome = runtime.block_on(async {
+        // Installed first thing in the runtime: a SIGTERM from now on gets the summary out.
+        let shutdown = match runr_base::signal::shutdown() {
+            Ok(stop) => Either::Left(stop),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch for SIGTERM and SIGINT");
+                Either::Right(std::future::pending::<runr_base::signal::Stop>())
+            }
+        };
+        runr_prewarm::run(config, shutdown).await
+    });
+    // After a signal, a DNS lookup may still run on a blocking thread: the result is in, so the
+    // runtime is not waited for.
+    runtime.shutdown_background();
+    match outcome {
         Ok(summary) => {
             summary.log();
             println!("{}", summary.to_json());
