@@ -186,6 +186,20 @@ enum Authorization {
     Bearer(String),
 }
 
+/// The answer to a blob HEAD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// 200, with the `Content-Length` it announced.
+    Present {
+        /// The announced size, when there was one.
+        size: Option<u64>,
+    },
+    /// 404.
+    Absent,
+    /// Another status (405 from a cache that does not take HEAD, a 5xx).
+    Other(u16),
+}
+
 /// A manifest as the cache served it.
 #[derive(Debug, Clone)]
 pub struct RawManifest {
@@ -309,6 +323,21 @@ impl Cache {
             StatusCode::OK | StatusCode::PARTIAL_CONTENT => Ok(resp),
             _ => Err(status_error(&what, resp).await),
         }
+    }
+
+    /// `HEAD /v2/<repository>/blobs/<digest>`: what the cache says about the blob without
+    /// sending it. Whether that reflects its store or its upstream is for the caller to learn.
+    pub async fn head_blob(&self, repository: &str, digest: &str) -> Result<Head, FetchError> {
+        let what = format!("HEAD {}", blob_what(repository, digest));
+        let url = format!("{}/v2/{repository}/blobs/{digest}", self.base);
+        let resp = self.send(repository, &what, |http| http.head(&url)).await?;
+        Ok(match resp.status().as_u16() {
+            200 => Head::Present {
+                size: header(&resp, "content-length").and_then(|v| v.trim().parse().ok()),
+            },
+            404 => Head::Absent,
+            status => Head::Other(status),
+        })
     }
 
     /// Sends the request `build` makes, authenticated for `repository`; on a 401 it fetches a

@@ -14,7 +14,7 @@ use runr_registry::oci_client::manifest::{
 use runr_registry::{is_sha256, sha256_digest, Backoff};
 
 use crate::blobs::{Blob, Fetcher, Warmed};
-use crate::cache::{blob_what, Cache, FetchError, RawManifest};
+use crate::cache::{Cache, FetchError, RawManifest};
 use crate::config::{Config, ImageRef, Platforms};
 use crate::readiness::Readiness;
 use crate::stop::{stopped, StopWatch};
@@ -22,11 +22,6 @@ use crate::summary::{ImageReport, Status};
 
 /// Longest pause between two attempts, whatever the attempt number.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// Pauses between two confirmation probes of one blob.
-const CONFIRM_BACKOFF: Backoff = Backoff {
-    base: Duration::from_millis(100),
-    max: Duration::from_secs(2),
-};
 
 /// What every image shares.
 pub struct Shared {
@@ -282,14 +277,15 @@ async fn attempt(
     }
 }
 
-/// Warms one blob and, when it was read whole, confirms the cache stored it; the bytes read.
+/// Warms one blob and, when it was read whole, confirms the cache stored it; the bytes read
+/// (twice the blob when the confirmation had to read it again).
 async fn warm_and_confirm(shared: &Shared, repo: &str, blob: &Blob) -> Result<u64, FetchError> {
     match shared.fetcher.warm(repo, blob).await? {
         Warmed::Cached => Ok(0),
         Warmed::Fetched { bytes } => {
             let deadline = Instant::now() + shared.config.confirm_wait;
-            match confirm(shared, repo, blob, deadline).await {
-                Ok(()) => Ok(bytes),
+            match shared.fetcher.confirm(repo, blob, deadline).await {
+                Ok(read_again) => Ok(bytes + read_again),
                 Err(e) => {
                     // The next attempt must read it again, not trust this run's read.
                     shared.fetcher.forget(repo, blob);
@@ -297,37 +293,6 @@ async fn warm_and_confirm(shared: &Shared, repo: &str, blob: &Blob) -> Result<u6
                 }
             }
         }
-    }
-}
-
-/// Probes `blob` until the cache answers 206 or `deadline` passes.
-async fn confirm(
-    shared: &Shared,
-    repo: &str,
-    blob: &Blob,
-    deadline: Instant,
-) -> Result<(), FetchError> {
-    let started = Instant::now();
-    let mut probe = 0;
-    loop {
-        if shared.fetcher.is_stored(repo, blob).await? {
-            tracing::debug!(
-                blob = %blob_what(repo, &blob.digest),
-                probes = probe + 1,
-                seconds = started.elapsed().as_secs_f64(),
-                "stored"
-            );
-            return Ok(());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(FetchError::NotStored {
-                what: blob_what(repo, &blob.digest),
-                secs: started.elapsed().as_secs(),
-            });
-        }
-        tokio::time::sleep(CONFIRM_BACKOFF.delay(probe).min(left)).await;
-        probe += 1;
     }
 }
 

@@ -1,6 +1,7 @@
 //! At the edges of a real registry: SIGTERM/SIGINT mid-transfer, Bearer-token auth (right and
 //! wrong credentials), TLS with good and bad certificates, and a cache that ignores `Range`.
 
+mod range;
 mod signals;
 mod tls;
 mod token;

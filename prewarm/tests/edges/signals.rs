@@ -62,7 +62,7 @@ fn stop_mid_transfer(signal: Signal, name: &str) {
     let small = done.image(&summary, "small:1");
     assert_eq!(small["status"], "warmed", "{small}");
     assert_eq!(small["error"], serde_json::Value::Null);
-    assert_eq!(small["fetched_bytes"], small["bytes"], "{small}");
+    assert_eq!(small["fetched_bytes"], small["bytes"], "{done:?}");
 
     let big = done.image(&summary, "big:1");
     assert_eq!(big["status"], "failed", "{big}");
