@@ -304,7 +304,19 @@ impl Fetcher {
         loop {
             let outcome = {
                 let _turn = self.key_lock(&key).await;
-                self.check_stored(repository, blob).await?
+                match self.check_stored(repository, blob).await {
+                    // distribution's proxy can answer 500 to a request that meets its commit
+                    // of the blob; a blob served whole a moment ago is then "not yet" stored.
+                    // (502/503/504 keep their meaning: the registry went away.)
+                    Err(FetchError::Status { status: 500, .. }) => {
+                        tracing::debug!(
+                            blob = %blob_what(repository, &blob.digest),
+                            "confirmation probe answered 500; trying again"
+                        );
+                        Check::NotYet { whole: false }
+                    }
+                    other => other?,
+                }
             };
             match outcome {
                 Check::Stored => {

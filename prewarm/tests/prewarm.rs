@@ -407,7 +407,7 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
     }
     let up = upstream();
     let cache = Registry::start_proxy(&up.registry.url());
-    let front = fixtures::TooManyRequests::start(cache.addr(), "/v2/small/manifests/1", 1, 2);
+    let front = fixtures::too_many_requests(cache.addr(), "/v2/small/manifests/1", 1, 2);
     let mut env = base_env(&front.host(), "small:1");
     env.push(("RUNR_PREWARM_BACKOFF".into(), "10ms".into()));
     let done = run(&env);
@@ -423,6 +423,37 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no retry line: {done:?}"));
     assert!(retry_in >= 2.0, "retry_in_s={retry_in}: {done:?}");
+}
+
+/// distribution's proxy can answer a confirmation probe that meets its commit with 500: the
+/// blob was served whole a moment ago, so that is "not stored yet", not a failed attempt.
+#[test]
+fn a_500_to_a_confirmation_probe_is_not_yet_stored() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let layer = up.layout.layers_of(&up.small)[0].clone();
+    // The layer's first request is the probe that gets it whole; the second, the first
+    // confirmation probe, gets the 500.
+    let front =
+        fixtures::Intercept::start(cache.addr(), &format!("/v2/small/blobs/{layer}"), |n| {
+            (n == 2).then(fixtures::distribution_500)
+        });
+    let mut env = base_env(&front.host(), "small:1");
+    env.push(("RUNR_PREWARM_LOG".into(), "debug".into()));
+    let done = run(&env);
+    assert_eq!(done.code, 0, "{done:?}");
+    let summary = done.summary();
+    let small = done.image(&summary, "small:1");
+    assert_eq!(small["attempts"], 1, "{done:?}");
+    assert_eq!(small["fetched_bytes"], small["bytes"], "{done:?}");
+    assert!(
+        done.stderr
+            .contains("confirmation probe answered 500; trying again"),
+        "the 500 was not met: {done:?}"
+    );
 }
 
 #[test]
