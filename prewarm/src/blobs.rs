@@ -302,6 +302,10 @@ impl Fetcher {
         let mut check = 0;
         let mut only_whole = true;
         loop {
+            // Raised before the check, so that this very check asks HEAD too.
+            if only_whole && started.elapsed() >= suspect_after && !self.learned.honours_range() {
+                self.learned.suspect_range_ignored();
+            }
             let outcome = {
                 let _turn = self.key_lock(&key).await;
                 match self.check_stored(repository, blob).await {
@@ -331,9 +335,6 @@ impl Fetcher {
                 Check::ReadAgain => return self.read_again(&key, blob).await,
                 Check::NotYet { whole } => only_whole &= whole,
             }
-            if only_whole && started.elapsed() >= suspect_after && !self.learned.honours_range() {
-                self.learned.suspect_range_ignored();
-            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 // Nothing but the whole blob for the whole wait, in a run that never saw a
@@ -348,7 +349,15 @@ impl Fetcher {
                     secs: started.elapsed().as_secs(),
                 });
             }
-            tokio::time::sleep(CONFIRM_BACKOFF.delay(check).min(left)).await;
+            let mut pause = CONFIRM_BACKOFF.delay(check).min(left);
+            if let Some(to_suspicion) = suspect_after.checked_sub(started.elapsed()) {
+                // A check right when the suspicion is due: a store-backed HEAD is seen only
+                // while the cache has not stored the blob yet.
+                if !to_suspicion.is_zero() {
+                    pause = pause.min(to_suspicion);
+                }
+            }
+            tokio::time::sleep(pause).await;
             check += 1;
         }
     }

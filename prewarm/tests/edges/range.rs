@@ -40,11 +40,11 @@ fn a_cache_that_ignores_range_is_confirmed_with_head() {
         return;
     }
     let up = upstream();
-    // It commits each blob 3 s after serving it, and HEAD says 404 until then: long enough for
+    // It commits each blob 4 s after serving it, and HEAD says 404 until then: long enough for
     // prewarm to suspect the cache (2 s of whole-blob answers) and see a HEAD answer from the
     // store. (Where every blob is stored before that, see the next test.)
     let cache = RangeIgnoringCache::builder(up.registry.addr())
-        .store_delay(Duration::from_secs(3))
+        .store_delay(Duration::from_secs(4))
         .start();
     let env = base_env(&cache.host(), "small:1 big:1");
     let done = run(&env);
