@@ -23,19 +23,21 @@ use oci_client::{Client, Reference, RegistryOperation};
 pub const ANSWER_QUOTE_LIMIT: usize = 512;
 
 /// The start of an answer's body as one line: whitespace runs (the trailing newline of Go's JSON
-/// encoder, a pretty-printed envelope, an HTML page) collapse to one space, and at most
+/// encoder, a pretty-printed envelope, an HTML page) collapse to one space, other control
+/// characters are escaped (`\u{1b}`: the text came from the network), and at most
 /// [`ANSWER_QUOTE_LIMIT`] bytes are kept, cut at a character boundary.
 pub fn quote_answer(body: &[u8]) -> String {
+    // More than the limit can hold even after collapsing; the rest is never looked at.
     let text = String::from_utf8_lossy(&body[..body.len().min(4 * ANSWER_QUOTE_LIMIT)]);
-    let mut out = String::with_capacity(text.len().min(ANSWER_QUOTE_LIMIT));
+    let mut out = String::with_capacity(ANSWER_QUOTE_LIMIT + 16);
     for word in text.split_whitespace() {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.push_str(word);
         if out.len() >= ANSWER_QUOTE_LIMIT {
             break;
         }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        runr_base::fmt::push_escaped(&mut out, word);
     }
     if out.len() > ANSWER_QUOTE_LIMIT {
         let mut cut = ANSWER_QUOTE_LIMIT;
@@ -43,6 +45,7 @@ pub fn quote_answer(body: &[u8]) -> String {
             cut -= 1;
         }
         out.truncate(cut);
+        out.truncate(out.trim_end().len());
     }
     out
 }
@@ -368,6 +371,7 @@ mod tests {
     fn answers_are_quoted_on_one_line_and_bounded() {
         assert_eq!(quote_answer(b"{\"errors\":[]}\n"), "{\"errors\":[]}");
         assert_eq!(quote_answer(b"  a\n\tb \r\n c  "), "a b c");
+        assert_eq!(quote_answer(b"a\x1b[31mb\0"), "a\\u{1b}[31mb\\u{0}");
         assert_eq!(quote_answer(b""), "");
         let long = "é".repeat(1000);
         let q = quote_answer(long.as_bytes());
@@ -378,6 +382,28 @@ mod tests {
         assert!(q.chars().all(|c| c == 'é'));
         let words = "word ".repeat(500);
         assert!(quote_answer(words.as_bytes()).len() <= ANSWER_QUOTE_LIMIT);
+    }
+
+    proptest::proptest! {
+        // The answer is whatever a registry, proxy or token service sent: any bytes give one
+        // bounded line of printable text, never a panic.
+        #[test]
+        fn any_answer_quotes_as_one_bounded_line(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..3000)
+        ) {
+            let q = quote_answer(&body);
+            proptest::prop_assert!(q.len() <= ANSWER_QUOTE_LIMIT, "{}", q.len());
+            proptest::prop_assert!(!q.chars().any(char::is_control), "{q:?}");
+            proptest::prop_assert!(!q.contains("  "), "{q:?}");
+            proptest::prop_assert_eq!(q.trim(), q.as_str());
+        }
+
+        // Printable answers that fit are kept word for word.
+        #[test]
+        fn short_printable_answers_are_kept(words in proptest::collection::vec("[!-~]{1,12}", 0..30)) {
+            let body = words.join(" \n\t ");
+            proptest::prop_assert_eq!(quote_answer(body.as_bytes()), words.join(" "));
+        }
     }
 
     #[test]
