@@ -1,5 +1,6 @@
 //! `runr-prewarm [run|version|help]`: reads the environment, warms the images, prints the JSON
-//! summary on stdout and exits 0 (all warmed), 1 (some failed) or 2 (bad configuration).
+//! summary on stdout and exits 0 (all warmed), 1 (some failed, or stopped by SIGTERM/SIGINT) or 2
+//! (bad configuration).
 
 #![forbid(unsafe_code)]
 
@@ -101,8 +102,9 @@ Makes a pull-through cache registry fetch and store images before builds need th
 
 Usage: runr-prewarm [run|version|help]   (run is the default)
 
-Exit status: 0 every image warmed, 1 some image failed, 2 bad configuration.
-Stdout: one JSON summary line. Stderr: log lines.
+Exit status: 0 every image warmed, 1 some image failed (or SIGTERM/SIGINT stopped the run:
+unfinished images fail with the signal), 2 bad configuration.
+Stdout: one JSON summary line, also after a signal. Stderr: log lines.
 ";
 
 const GRAMMAR: &str = "\
