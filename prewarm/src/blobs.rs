@@ -7,7 +7,7 @@
 //! exactly like a cache that does not hold it yet: distribution's proxy answers so until its own
 //! copy is committed, which can be a second after its 200 was sent. Nor can a HEAD simply be
 //! asked: distribution serves HEAD like GET, streaming a blob it does not hold from its upstream
-//! just to discard it. So what tells them apart is learned during the run ([`Learned`]):
+//! just to discard it. So what tells them apart is learned during the run (`Learned`):
 //!
 //! - a 206 from anywhere: Range is honoured, nothing else is tried;
 //! - no 206 in the run and a blob whose confirmation got only whole-blob 200s for a while
@@ -83,7 +83,7 @@ type Key = (String, String);
 /// What this run has learned about how the cache answers (see the module docs). Facts are
 /// only ever set, never cleared.
 #[derive(Debug, Default)]
-pub struct Learned {
+struct Learned {
     /// A Range probe was answered with 206.
     honours_range: AtomicBool,
     /// No 206 yet, and a confirmation saw only whole-blob answers for [`SUSPECT_AFTER`].
@@ -100,23 +100,23 @@ impl Learned {
     }
 
     /// True once a probe got 206.
-    pub fn honours_range(&self) -> bool {
+    fn honours_range(&self) -> bool {
         Self::get(&self.honours_range)
     }
 
     /// True while HEADs are worth asking: the cache is suspected of ignoring Range and has not
     /// answered a 206.
-    pub fn asks_head(&self) -> bool {
+    fn asks_head(&self) -> bool {
         Self::get(&self.suspect) && !self.honours_range()
     }
 
     /// True once HEAD showed it answers from the store.
-    pub fn head_from_store(&self) -> bool {
+    fn head_from_store(&self) -> bool {
         Self::get(&self.head_from_store)
     }
 
     /// True once the cache was found to ignore Range.
-    pub fn ignores_range(&self) -> bool {
+    fn ignores_range(&self) -> bool {
         Self::get(&self.ignores_range)
     }
 
@@ -215,11 +215,6 @@ impl Fetcher {
             stopped: AtomicBool::new(false),
             learned: Learned::default(),
         })
-    }
-
-    /// What the run has learned about the cache so far.
-    pub fn learned(&self) -> &Learned {
-        &self.learned
     }
 
     /// Stops the workers from taking new jobs (the run was signalled); transfers under way end

@@ -154,8 +154,8 @@ impl FetchError {
     }
 
     /// False for failures another attempt cannot cure: a manifest prewarm cannot use, a failed
-    /// TLS handshake, a refused login, and 4xx answers other than 404 (a cache whose upstream is unreachable answers 404
-    /// for what it does not hold), 408 and 429.
+    /// TLS handshake, a refused login, and 4xx answers other than 404 (a cache whose upstream is
+    /// unreachable answers 404 for what it does not hold), 408 and 429.
     pub fn retryable(&self) -> bool {
         match self {
             FetchError::BadManifest { .. }

@@ -136,8 +136,9 @@ fn a_cache_with_basic_auth_is_warmed_with_the_credentials_only() {
             format!(
                 "authentication failed at the registry {} (repository small, no credentials: \
                  RUNR_REGISTRY_USERNAME is unset): it answered HTTP 401: {{\"errors\":[{{\"code\":\
-                 \"UNAUTHORIZED\",\"message\":\"authentication required\",\"detail\":[{{\"Type\":\"repository\",\
-                 \"Class\":\"\",\"Name\":\"small\",\"Action\":\"pull\"}}]}}]}}",
+                 \"UNAUTHORIZED\",\"message\":\"authentication required\",\"detail\":[{{\
+                 \"Type\":\"repository\",\"Class\":\"\",\"Name\":\"small\",\"Action\":\
+                 \"pull\"}}]}}]}}",
                 cache.host()
             )
             .as_str()

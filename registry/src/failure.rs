@@ -400,7 +400,9 @@ mod tests {
 
         // Printable answers that fit are kept word for word.
         #[test]
-        fn short_printable_answers_are_kept(words in proptest::collection::vec("[!-~]{1,12}", 0..30)) {
+        fn short_printable_answers_are_kept(
+            words in proptest::collection::vec("[!-~]{1,12}", 0..30)
+        ) {
             let body = words.join(" \n\t ");
             proptest::prop_assert_eq!(quote_answer(body.as_bytes()), words.join(" "));
         }
