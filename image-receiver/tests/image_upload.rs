@@ -6,8 +6,11 @@
 //!   and JSON over `testkit::http`;
 //! - `upload`: the chunk protocol, refusals, restarts, verification, bad configuration;
 //! - `image`: every format pushed and pulled back blob by blob, bad inputs, registry trouble,
-//!   and an archive uploaded through the chunk API end to end.
+//!   and an archive uploaded through the chunk API end to end;
+//! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
+//!   credentials or CA, and what a refusal or a certificate problem says.
 
 mod harness;
 mod image;
+mod registry_auth;
 mod upload;

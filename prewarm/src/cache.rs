@@ -14,13 +14,14 @@ use std::time::{Duration, SystemTime};
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use runr_base::fmt::error_chain;
+use runr_registry::failure::quote_answer;
 use runr_registry::oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
     OCI_IMAGE_MEDIA_TYPE,
 };
 use runr_registry::oci_client::secrets::RegistryAuth;
 use runr_registry::oci_client::{self, Reference, RegistryOperation};
-use runr_registry::{RegistryConfig, Timeouts};
+use runr_registry::{AuthFailure, RefusedBy, RegistryConfig, Timeouts, TlsFailure};
 
 /// Time to establish a TCP (+TLS) connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,7 +48,7 @@ const MANIFEST_TYPES: [&str; 4] = [
 /// Why a request to the cache did not give what was asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FetchError {
-    /// No connection could be made (refused, reset, DNS, TLS).
+    /// No connection could be made (refused, reset, DNS).
     #[error("{what}: cannot reach the registry: {cause}")]
     Connect {
         /// The request, e.g. `blob python@sha256:…`.
@@ -122,9 +123,17 @@ pub enum FetchError {
         /// How long the confirmation waited.
         secs: u64,
     },
-    /// The token flow failed.
-    #[error("authentication for {repository} failed: {cause}")]
-    Auth {
+    /// The TLS handshake failed (unknown CA, wrong name, expired, not valid yet, not TLS at
+    /// all): a configuration error, neither retried nor waited out.
+    #[error("{0}")]
+    Tls(TlsFailure),
+    /// The token service refused the credentials, or the registry refused the request made
+    /// with them (401/403): says so first, names the registry, quotes the refusal.
+    #[error("{0}")]
+    Auth(AuthFailure),
+    /// The token flow failed otherwise (e.g. the token service's answer is not a token).
+    #[error("the token flow for {repository} failed: {cause}")]
+    Token {
         /// The repository the token was for.
         repository: String,
         /// Why.
@@ -145,11 +154,14 @@ impl FetchError {
     }
 
     /// False for failures another attempt cannot cure: a manifest prewarm cannot use, a failed
-    /// login, and 4xx answers other than 404 (a cache whose upstream is unreachable answers 404
-    /// for what it does not hold), 408 and 429.
+    /// TLS handshake, a refused login, and 4xx answers other than 404 (a cache whose upstream is
+    /// unreachable answers 404 for what it does not hold), 408 and 429.
     pub fn retryable(&self) -> bool {
         match self {
-            FetchError::BadManifest { .. } | FetchError::Auth { .. } => false,
+            FetchError::BadManifest { .. }
+            | FetchError::Tls(_)
+            | FetchError::Auth(_)
+            | FetchError::Token { .. } => false,
             FetchError::Status { status, .. } => {
                 !matches!(status, 400..=499) || matches!(status, 404 | 408 | 429)
             }
@@ -172,6 +184,20 @@ enum Authorization {
     Anonymous,
     Basic,
     Bearer(String),
+}
+
+/// The answer to a blob HEAD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// 200, with the `Content-Length` it announced.
+    Present {
+        /// The announced size, when there was one.
+        size: Option<u64>,
+    },
+    /// 404.
+    Absent,
+    /// Another status (405 from a cache that does not take HEAD, a 5xx).
+    Other(u16),
 }
 
 /// A manifest as the cache served it.
@@ -229,10 +255,7 @@ impl Cache {
                 what: what.into(),
                 secs: PING_TIMEOUT.as_secs(),
             }),
-            Ok(Err(e)) => Err(FetchError::Connect {
-                what: what.into(),
-                cause: error_chain(&e),
-            }),
+            Ok(Err(e)) => Err(self.connect_error(what, &e)),
             Ok(Ok(resp)) => Ok(resp.status().as_u16()),
         }
     }
@@ -302,6 +325,21 @@ impl Cache {
         }
     }
 
+    /// `HEAD /v2/<repository>/blobs/<digest>`: what the cache says about the blob without
+    /// sending it. Whether that reflects its store or its upstream is for the caller to learn.
+    pub async fn head_blob(&self, repository: &str, digest: &str) -> Result<Head, FetchError> {
+        let what = format!("HEAD {}", blob_what(repository, digest));
+        let url = format!("{}/v2/{repository}/blobs/{digest}", self.base);
+        let resp = self.send(repository, &what, |http| http.head(&url)).await?;
+        Ok(match resp.status().as_u16() {
+            200 => Head::Present {
+                size: header(&resp, "content-length").and_then(|v| v.trim().parse().ok()),
+            },
+            404 => Head::Absent,
+            status => Head::Other(status),
+        })
+    }
+
     /// Sends the request `build` makes, authenticated for `repository`; on a 401 it fetches a
     /// fresh token once (an expired token) and sends again.
     async fn send(
@@ -329,17 +367,23 @@ impl Cache {
                         secs: HEADER_WAIT.as_secs(),
                     })
                 }
-                Ok(Err(e)) => {
-                    return Err(FetchError::Connect {
-                        what: what.into(),
-                        cause: error_chain(&e),
-                    })
-                }
+                Ok(Err(e)) => return Err(self.connect_error(what, &e)),
                 Ok(Ok(resp)) => resp,
             };
-            if resp.status() == StatusCode::UNAUTHORIZED && !refreshed {
+            let status = resp.status().as_u16();
+            if status == 401 && !refreshed {
                 refreshed = true;
                 continue;
+            }
+            if matches!(status, 401 | 403) {
+                let refused_by = match authz {
+                    Authorization::Bearer(_) => RefusedBy::TokenScope { status },
+                    _ => RefusedBy::Registry { status },
+                };
+                let answer = read_answer(resp).await;
+                return Err(FetchError::Auth(AuthFailure::new(
+                    &self.host, repository, &self.auth, refused_by, &answer,
+                )));
             }
             return Ok(resp);
         }
@@ -366,21 +410,39 @@ impl Cache {
             Ok(None) if self.basic.is_some() => Authorization::Basic,
             Ok(None) => Authorization::Anonymous,
             Err(oci_client::errors::OciDistributionError::RequestError(e)) => {
-                return Err(FetchError::Connect {
-                    what: format!("token for {repository}"),
-                    cause: error_chain(&e),
-                })
+                return Err(self.connect_error(&format!("token for {repository}"), &e))
+            }
+            Err(oci_client::errors::OciDistributionError::AuthenticationFailure(body)) => {
+                return Err(FetchError::Auth(AuthFailure::new(
+                    &self.host,
+                    repository,
+                    &self.auth,
+                    RefusedBy::TokenService,
+                    body.as_bytes(),
+                )))
             }
             Err(e) => {
-                return Err(FetchError::Auth {
+                return Err(FetchError::Token {
                     repository: repository.into(),
-                    cause: e.to_string(),
+                    cause: error_chain(&e),
                 })
             }
         };
         self.lock_tokens()
             .insert(repository.to_string(), authz.clone());
         Ok(authz)
+    }
+
+    /// A request that got no answer: a TLS failure (configuration) or a connection problem
+    /// (worth waiting for the registry to come back).
+    fn connect_error(&self, what: &str, e: &reqwest::Error) -> FetchError {
+        match TlsFailure::find(&self.host, e) {
+            Some(tls) => FetchError::Tls(tls),
+            None => FetchError::Connect {
+                what: what.into(),
+                cause: error_chain(e),
+            },
+        }
     }
 
     fn lock_tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, Authorization>> {
@@ -417,28 +479,30 @@ pub fn blob_what(repository: &str, digest: &str) -> String {
 
 /// Turns a non-success answer into an error carrying its status, `Retry-After` and the start of
 /// its body (registries explain 4xx answers in a JSON envelope).
-async fn status_error(what: &str, mut resp: Response) -> FetchError {
+async fn status_error(what: &str, resp: Response) -> FetchError {
     let status = resp.status().as_u16();
     let retry_after = runr_registry::http::retry_after(resp.headers(), SystemTime::now());
-    let mut detail = Vec::new();
-    // Only the start: a proxy's error page can be large and is only there to be quoted.
-    while detail.len() < 512 {
-        match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
-            Ok(Ok(Some(chunk))) => detail.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    detail.truncate(512);
-    let detail = String::from_utf8_lossy(&detail)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
     FetchError::Status {
         what: what.into(),
         status,
         retry_after,
-        detail,
+        detail: quote_answer(&read_answer(resp).await),
     }
+}
+
+/// The start of an error answer's body, for quoting: a proxy's error page can be large and is
+/// only there to be recognised, and a slow one is not waited for long.
+async fn read_answer(mut resp: Response) -> Vec<u8> {
+    let limit = runr_registry::failure::ANSWER_QUOTE_LIMIT;
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(limit);
+    body
 }
 
 fn header(resp: &Response, name: &str) -> Option<String> {
@@ -485,6 +549,23 @@ mod tests {
             reason: "y".into(),
         };
         assert!(!bad.retryable());
+        let refused = FetchError::Auth(AuthFailure::new(
+            "r:5000",
+            "a",
+            &RegistryAuth::Anonymous,
+            RefusedBy::TokenService,
+            b"{}\n",
+        ));
+        assert!(!refused.retryable() && !refused.registry_gone());
+        assert!(refused
+            .to_string()
+            .starts_with("authentication failed at the registry r:5000"));
+        let tls = FetchError::Tls(TlsFailure {
+            registry: "r:5000".into(),
+            problem: runr_registry::TlsProblem::UnknownIssuer,
+            detail: "invalid peer certificate: UnknownIssuer".into(),
+        });
+        assert!(!tls.retryable() && !tls.registry_gone(), "{tls}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use runr_registry::oci_client::manifest::{
     OciImageIndex, OciImageManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE,
     OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
@@ -14,18 +14,14 @@ use runr_registry::oci_client::manifest::{
 use runr_registry::{is_sha256, sha256_digest, Backoff};
 
 use crate::blobs::{Blob, Fetcher, Warmed};
-use crate::cache::{blob_what, Cache, FetchError, RawManifest};
+use crate::cache::{Cache, FetchError, RawManifest};
 use crate::config::{Config, ImageRef, Platforms};
 use crate::readiness::Readiness;
+use crate::stop::{stopped, StopWatch};
 use crate::summary::{ImageReport, Status};
 
 /// Longest pause between two attempts, whatever the attempt number.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// Pauses between two confirmation probes of one blob.
-const CONFIRM_BACKOFF: Backoff = Backoff {
-    base: Duration::from_millis(100),
-    max: Duration::from_secs(2),
-};
 
 /// What every image shares.
 pub struct Shared {
@@ -40,6 +36,8 @@ pub struct Shared {
     pub manifest_slots: tokio::sync::Semaphore,
     /// The configuration.
     pub config: Config,
+    /// Set when a signal stops the run.
+    pub stop: StopWatch,
 }
 
 /// What is known about an image so far; kept across attempts so that a retry does only what
@@ -56,27 +54,55 @@ struct Progress {
     fetched_bytes: u64,
 }
 
-/// Warms `image` within the configured time and attempts, and reports how it went.
+impl Progress {
+    /// Everything of the image is confirmed (the attempt that did it may not have returned yet).
+    fn complete(&self) -> bool {
+        self.digest.is_some()
+            && self.manifests_missing.is_empty()
+            && !self.blobs.is_empty()
+            && self.blobs.values().all(|confirmed| *confirmed)
+    }
+}
+
+/// How the attempts ended, before the report is made of it.
+enum Ended {
+    Done(Result<(), String>),
+    TimedOut,
+    Stopped(crate::stop::Terminated),
+}
+
+/// Warms `image` within the configured time and attempts, and reports how it went. A signal
+/// ends it at once (see [`crate::stop`]), keeping what was confirmed.
 pub async fn warm_image(shared: &Shared, image: &ImageRef) -> ImageReport {
     let started = Instant::now();
     let mut progress = Progress::default();
     let mut attempts = 0;
     let mut last_error = None;
-    let outcome = tokio::time::timeout(
-        shared.config.timeout,
-        attempts_loop(shared, image, &mut progress, &mut attempts, &mut last_error),
-    )
-    .await
-    .unwrap_or_else(|_| {
-        let mut msg = format!(
-            "timed out after {}s (RUNR_PREWARM_TIMEOUT)",
-            shared.config.timeout.as_secs()
-        );
+    let mut stop = shared.stop.clone();
+    let ended = tokio::select! {
+        // A result that is there wins over a signal that came at the same moment.
+        biased;
+        r = tokio::time::timeout(
+            shared.config.timeout,
+            attempts_loop(shared, image, &mut progress, &mut attempts, &mut last_error),
+        ) => r.map_or(Ended::TimedOut, Ended::Done),
+        t = stopped(&mut stop) => Ended::Stopped(t),
+    };
+    let with_last_error = |mut msg: String| {
         if let Some(e) = &last_error {
             msg.push_str(&format!("; last error: {e}"));
         }
-        Err(msg)
-    });
+        msg
+    };
+    let outcome = match ended {
+        Ended::Done(r) => r,
+        Ended::TimedOut => Err(with_last_error(format!(
+            "timed out after {}s (RUNR_PREWARM_TIMEOUT)",
+            shared.config.timeout.as_secs()
+        ))),
+        Ended::Stopped(_) if progress.complete() => Ok(()),
+        Ended::Stopped(t) => Err(with_last_error(t.to_string())),
+    };
     let seconds = started.elapsed().as_secs_f64();
     let bytes = progress.blobs.keys().map(|b| b.size).sum();
     let report = ImageReport {
@@ -195,18 +221,23 @@ async fn attempt(
         progress.digest = Some(digest);
     }
 
+    // Results are taken in as they come, not once all are in: a signal ends the attempt at any
+    // point and must find everything done so far in `progress`.
     let mut first_error = None;
     let wanted: Vec<String> = progress.manifests_missing.iter().cloned().collect();
-    let fetched = join_all(wanted.iter().map(|digest| async move {
-        let _slot = shared.manifest_slots.acquire().await;
-        fetch_platform_manifest(&shared.cache, repo, digest).await
-    }))
-    .await;
-    for (digest, result) in wanted.iter().zip(fetched) {
+    let mut fetching: FuturesUnordered<_> = wanted
+        .into_iter()
+        .map(|digest| async move {
+            let _slot = shared.manifest_slots.acquire().await;
+            let result = fetch_platform_manifest(&shared.cache, repo, &digest).await;
+            (digest, result)
+        })
+        .collect();
+    while let Some((digest, result)) = fetching.next().await {
         match result {
             Ok((manifest, what)) => {
                 add_blobs(progress, &manifest, &what)?;
-                progress.manifests_missing.remove(digest);
+                progress.manifests_missing.remove(&digest);
             }
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -222,28 +253,18 @@ async fn attempt(
         .collect();
     // Each blob is confirmed as soon as its own transfer ends: the cache stores a blob while
     // serving it, so waiting for the image's last (smallest) blob first would only add latency.
-    let results = join_all(missing.iter().map(|blob| async move {
-        match shared.fetcher.warm(repo, blob).await? {
-            Warmed::Cached => Ok(0),
-            Warmed::Fetched { bytes } => {
-                let deadline = Instant::now() + shared.config.confirm_wait;
-                match confirm(shared, repo, blob, deadline).await {
-                    Ok(()) => Ok(bytes),
-                    Err(e) => {
-                        // The next attempt must read it again, not trust this run's read.
-                        shared.fetcher.forget(repo, blob);
-                        Err(e)
-                    }
-                }
-            }
-        }
-    }))
-    .await;
-    for (blob, result) in missing.iter().zip(results) {
+    let mut warming: FuturesUnordered<_> = missing
+        .into_iter()
+        .map(|blob| async move {
+            let result = warm_and_confirm(shared, repo, &blob).await;
+            (blob, result)
+        })
+        .collect();
+    while let Some((blob, result)) = warming.next().await {
         match result {
             Ok(bytes) => {
                 progress.fetched_bytes += bytes;
-                progress.blobs.insert(blob.clone(), true);
+                progress.blobs.insert(blob, true);
             }
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -256,34 +277,22 @@ async fn attempt(
     }
 }
 
-/// Probes `blob` until the cache answers 206 or `deadline` passes.
-async fn confirm(
-    shared: &Shared,
-    repo: &str,
-    blob: &Blob,
-    deadline: Instant,
-) -> Result<(), FetchError> {
-    let started = Instant::now();
-    let mut probe = 0;
-    loop {
-        if shared.fetcher.is_stored(repo, blob).await? {
-            tracing::debug!(
-                blob = %blob_what(repo, &blob.digest),
-                probes = probe + 1,
-                seconds = started.elapsed().as_secs_f64(),
-                "stored"
-            );
-            return Ok(());
+/// Warms one blob and, when it was read whole, confirms the cache stored it; the bytes read
+/// (twice the blob when the confirmation had to read it again).
+async fn warm_and_confirm(shared: &Shared, repo: &str, blob: &Blob) -> Result<u64, FetchError> {
+    match shared.fetcher.warm(repo, blob).await? {
+        Warmed::Cached => Ok(0),
+        Warmed::Fetched { bytes } => {
+            let deadline = Instant::now() + shared.config.confirm_wait;
+            match shared.fetcher.confirm(repo, blob, deadline).await {
+                Ok(read_again) => Ok(bytes + read_again),
+                Err(e) => {
+                    // The next attempt must read it again, not trust this run's read.
+                    shared.fetcher.forget(repo, blob);
+                    Err(e)
+                }
+            }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(FetchError::NotStored {
-                what: blob_what(repo, &blob.digest),
-                secs: started.elapsed().as_secs(),
-            });
-        }
-        tokio::time::sleep(CONFIRM_BACKOFF.delay(probe).min(left)).await;
-        probe += 1;
     }
 }
 

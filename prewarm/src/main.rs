@@ -1,9 +1,12 @@
 //! `runr-prewarm [run|version|help]`: reads the environment, warms the images, prints the JSON
-//! summary on stdout and exits 0 (all warmed), 1 (some failed) or 2 (bad configuration).
+//! summary on stdout and exits 0 (all warmed), 1 (some failed, or stopped by SIGTERM/SIGINT) or 2
+//! (bad configuration).
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
+
+use futures_util::future::Either;
 
 use runr_prewarm::{Config, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LOG_FORMAT};
 
@@ -53,7 +56,21 @@ fn run() -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    match runtime.block_on(runr_prewarm::run(config)) {
+    let outcome = runtime.block_on(async {
+        // Installed first thing in the runtime: a SIGTERM from now on gets the summary out.
+        let shutdown = match runr_base::signal::shutdown() {
+            Ok(stop) => Either::Left(stop),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch for SIGTERM and SIGINT");
+                Either::Right(std::future::pending::<runr_base::signal::Stop>())
+            }
+        };
+        runr_prewarm::run(config, shutdown).await
+    });
+    // After a signal, a DNS lookup may still run on a blocking thread: the result is in, so the
+    // runtime is not waited for.
+    runtime.shutdown_background();
+    match outcome {
         Ok(summary) => {
             summary.log();
             println!("{}", summary.to_json());
@@ -85,8 +102,9 @@ Makes a pull-through cache registry fetch and store images before builds need th
 
 Usage: runr-prewarm [run|version|help]   (run is the default)
 
-Exit status: 0 every image warmed, 1 some image failed, 2 bad configuration.
-Stdout: one JSON summary line. Stderr: log lines.
+Exit status: 0 every image warmed, 1 some image failed (or SIGTERM/SIGINT stopped the run:
+unfinished images fail with the signal), 2 bad configuration.
+Stdout: one JSON summary line, also after a signal. Stderr: log lines.
 ";
 
 const GRAMMAR: &str = "\

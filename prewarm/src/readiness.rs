@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runr_registry::Backoff;
+use runr_registry::{Backoff, TlsFailure};
 
 use crate::cache::{Cache, FetchError};
 
@@ -15,14 +15,21 @@ const PROBE_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(5),
 };
 
-/// The registry did not answer within the wait.
+/// The registry cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the registry did not answer GET /v2/ within {}s (last: {last})", .wait.as_secs())]
-pub struct NotReady {
-    /// The wait that ran out.
-    pub wait: Duration,
-    /// The last probe's outcome.
-    pub last: String,
+pub enum NotReady {
+    /// It did not answer within the wait.
+    #[error("the registry did not answer GET /v2/ within {}s (last: {last})", .wait.as_secs())]
+    Timeout {
+        /// The wait that ran out.
+        wait: Duration,
+        /// The last probe's outcome.
+        last: String,
+    },
+    /// It answers, but the TLS handshake fails: a restart will not change the certificate or
+    /// the CA prewarm was given, so this is not waited out.
+    #[error("{0}")]
+    Tls(TlsFailure),
 }
 
 /// Shared by all images: one probe loop at a time, and once the registry has been given up on,
@@ -78,7 +85,8 @@ impl Readiness {
         self.wait_locked(&mut st).await
     }
 
-    /// Probes until 200 or 401, or until the wait runs out. `Ok(true)` when it had to wait.
+    /// Probes until 200 or 401, until the wait runs out, or until a TLS failure shows that waiting
+    /// cannot help. `Ok(true)` when it had to wait.
     async fn wait_locked(&self, st: &mut State) -> Result<bool, NotReady> {
         let started = Instant::now();
         let mut probe = 0;
@@ -97,12 +105,18 @@ impl Readiness {
                 // 502/503/504 come from a load balancer in front of a restarting registry;
                 // anything else unexpected is waited out the same way.
                 Ok(status) => format!("HTTP {status}"),
+                Err(FetchError::Tls(tls)) => {
+                    let err = NotReady::Tls(tls);
+                    tracing::error!(error = %err, "giving up on the registry");
+                    st.gave_up = Some(err.clone());
+                    return Err(err);
+                }
                 Err(FetchError::Connect { cause, .. }) => cause,
                 Err(e) => e.to_string(),
             };
             let left = self.wait.saturating_sub(started.elapsed());
             if left.is_zero() {
-                let err = NotReady {
+                let err = NotReady::Timeout {
                     wait: self.wait,
                     last,
                 };

@@ -26,7 +26,8 @@ pub struct ImageReport {
     pub blobs: usize,
     /// Their total size.
     pub bytes: u64,
-    /// Bytes this run read in full (blobs the cache did not hold yet).
+    /// Bytes this run read in full (blobs the cache did not hold yet; twice a blob's size when a
+    /// cache that ignores Range had to be confirmed by reading it again).
     pub fetched_bytes: u64,
     /// Wall time for the image.
     pub seconds: f64,

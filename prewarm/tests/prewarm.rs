@@ -1,8 +1,11 @@
 //! End-to-end tests: the real `runr-prewarm` binary against a real pull-through cache
 //! (`docker-registry` in proxy mode) in front of a real upstream registry holding images pushed
 //! with skopeo. The proof of a warm cache is always the same: with the upstream stopped,
-//! `skopeo copy docker://cache/… dir:…` succeeds.
+//! `skopeo copy docker://cache/… dir:…` succeeds. [`edges`] covers what an operator sees when
+//! something goes wrong: a signal mid-run, refused credentials, bad certificates, a cache that
+//! ignores `Range`.
 
+mod edges;
 mod fixtures;
 
 use std::time::Duration;
@@ -12,7 +15,7 @@ use runr_testkit::{free_port, have_tool, Registry};
 
 /// The upstream's test images: `small:1` (one small layer), `multi:1` (amd64 + arm64 +
 /// attestation index) and `big:1` (three random layers of 2 MiB).
-struct Upstream {
+pub(crate) struct Upstream {
     registry: Registry,
     layout: Layout,
     small: Desc,
@@ -92,10 +95,14 @@ fn warms_every_image_and_a_rerun_is_cheap() {
         "{first:?}"
     );
     assert!(first.stderr.contains("prewarm done"), "{first:?}");
+    // distribution's proxy honours Range once it stores a blob: never taken for one that
+    // ignores it, however its first probes were answered.
+    assert!(!first.stderr.contains("ignores Range"), "{first:?}");
 
     // Warm cache: every blob answers the Range probe with 206, nothing is read again.
     let second = run(&env);
     assert_eq!(second.code, 0, "{second:?}");
+    assert!(!second.stderr.contains("ignores Range"), "{second:?}");
     let summary = second.summary();
     for image in summary["images"].as_array().unwrap() {
         assert_eq!(image["fetched_bytes"], 0, "{image}");
@@ -122,6 +129,23 @@ fn a_cache_with_basic_auth_is_warmed_with_the_credentials_only() {
     assert_eq!(anonymous.code, 1, "{anonymous:?}");
     let image = anonymous.image(&anonymous.summary(), "small:1").clone();
     assert_eq!(image["status"], "failed", "{anonymous:?}");
+    // No token service here: the registry's own 401 is quoted.
+    assert_eq!(
+        image["error"].as_str(),
+        Some(
+            format!(
+                "authentication failed at the registry {} (repository small, no credentials: \
+                 RUNR_REGISTRY_USERNAME is unset): it answered HTTP 401: {{\"errors\":[{{\"code\":\
+                 \"UNAUTHORIZED\",\"message\":\"authentication required\",\"detail\":[{{\
+                 \"Type\":\"repository\",\"Class\":\"\",\"Name\":\"small\",\"Action\":\
+                 \"pull\"}}]}}]}}",
+                cache.host()
+            )
+            .as_str()
+        ),
+        "{anonymous:?}"
+    );
+    assert_eq!(image["attempts"], 1, "{anonymous:?}");
 
     let with_creds = run(&env_with(
         &cache,
@@ -384,7 +408,7 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
     }
     let up = upstream();
     let cache = Registry::start_proxy(&up.registry.url());
-    let front = fixtures::TooManyRequests::start(cache.addr(), "/v2/small/manifests/1", 1, 2);
+    let front = fixtures::too_many_requests(cache.addr(), "/v2/small/manifests/1", 1, 2);
     let mut env = base_env(&front.host(), "small:1");
     env.push(("RUNR_PREWARM_BACKOFF".into(), "10ms".into()));
     let done = run(&env);
@@ -400,6 +424,37 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no retry line: {done:?}"));
     assert!(retry_in >= 2.0, "retry_in_s={retry_in}: {done:?}");
+}
+
+/// distribution's proxy can answer a confirmation probe that meets its commit with 500: the
+/// blob was served whole a moment ago, so that is "not stored yet", not a failed attempt.
+#[test]
+fn a_500_to_a_confirmation_probe_is_not_yet_stored() {
+    if !tools_present() {
+        return;
+    }
+    let up = upstream();
+    let cache = Registry::start_proxy(&up.registry.url());
+    let layer = up.layout.layers_of(&up.small)[0].clone();
+    // The layer's first request is the probe that gets it whole; the second, the first
+    // confirmation probe, gets the 500.
+    let front =
+        fixtures::Intercept::start(cache.addr(), &format!("/v2/small/blobs/{layer}"), |n| {
+            (n == 2).then(fixtures::distribution_500)
+        });
+    let mut env = base_env(&front.host(), "small:1");
+    env.push(("RUNR_PREWARM_LOG".into(), "debug".into()));
+    let done = run(&env);
+    assert_eq!(done.code, 0, "{done:?}");
+    let summary = done.summary();
+    let small = done.image(&summary, "small:1");
+    assert_eq!(small["attempts"], 1, "{done:?}");
+    assert_eq!(small["fetched_bytes"], small["bytes"], "{done:?}");
+    assert!(
+        done.stderr
+            .contains("confirmation probe answered 500; trying again"),
+        "the 500 was not met: {done:?}"
+    );
 }
 
 #[test]

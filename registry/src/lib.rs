@@ -8,6 +8,8 @@
 //!   name, names inside archives) on top of `oci_spec`'s reference grammar;
 //! - [`digest`]: `sha256:<hex>` digests: the one check, parsing a typed one, computing one;
 //! - [`retry`]: which failures are worth another attempt and how long to wait before it;
+//! - [`failure`]: what a failure means to the operator: an authentication/authorization refusal
+//!   (naming the registry, quoting the answer) or a TLS configuration problem;
 //! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
 //!   the caller must see (readiness probes, `Retry-After`, Range probes);
 //! - [`roots`]: a system CA store for scratch images, which oci-client needs to build a client;
@@ -17,6 +19,7 @@
 pub mod client;
 pub mod config;
 pub mod digest;
+pub mod failure;
 pub mod http;
 pub mod reference;
 pub mod retry;
@@ -25,6 +28,7 @@ pub mod roots;
 pub use client::{build_client, client_config, client_from, ClientError, Timeouts};
 pub use config::RegistryConfig;
 pub use digest::{is_sha256, sha256_digest, Sha256Hasher};
+pub use failure::{diagnose, AuthFailure, Diagnosis, RefusedBy, TlsFailure, TlsProblem};
 pub use reference::ImageRef;
 pub use retry::{is_transient, Backoff};
 pub use roots::ensure_system_roots;

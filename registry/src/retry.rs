@@ -5,8 +5,13 @@ use std::time::Duration;
 use oci_client::errors::OciDistributionError;
 
 /// True for failures another attempt may cure: connection errors and timeouts, 5xx, 429 (and
-/// 408). A 4xx other than those is the registry's final word.
+/// 408). A 4xx other than those is the registry's final word, and a failed TLS handshake (an
+/// unknown CA, a certificate for another name, expired or not valid yet) is a configuration
+/// error however often it is retried.
 pub fn is_transient(err: &OciDistributionError) -> bool {
+    if crate::failure::TlsFailure::find("", err).is_some() {
+        return false;
+    }
     match err {
         OciDistributionError::RequestError(e) => {
             e.is_connect()

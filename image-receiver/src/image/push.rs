@@ -20,9 +20,10 @@ use futures_util::Stream;
 use runr_base::fmt::error_chain;
 use runr_registry::oci_client::errors::OciDistributionError;
 use runr_registry::oci_client::secrets::RegistryAuth;
-use runr_registry::oci_client::{Client, Reference};
+use runr_registry::oci_client::{Client, Reference, RegistryOperation};
 use runr_registry::{
-    build_client, client_config, client_from, is_transient, Backoff, RegistryConfig, Timeouts,
+    build_client, client_config, client_from, diagnose, is_transient, Backoff, RegistryConfig,
+    Timeouts,
 };
 
 use crate::image::formats::{media, RawManifest};
@@ -53,6 +54,15 @@ pub enum PushError {
         what: String,
         /// The registry's (or connection's) own message.
         message: String,
+    },
+    /// The registry (or its token service) refused the credentials or the access, or the TLS
+    /// handshake failed: said first, with whoever refused quoted (runr-registry's reading).
+    #[error("{diagnosis} (while {what})")]
+    Refused {
+        /// What we were doing.
+        what: String,
+        /// The refusal or the TLS failure.
+        diagnosis: Box<runr_registry::Diagnosis>,
     },
     /// The file's bytes do not match what they claim to be.
     #[error("{0}")]
@@ -150,11 +160,19 @@ impl Pusher {
                     attempt += 1;
                 }
                 Err(e) => {
-                    return Err(PushError::Registry {
-                        host: self.target.registry().to_string(),
-                        what: what.to_string(),
-                        message: error_chain(&e),
-                    })
+                    let op = RegistryOperation::Push;
+                    let diagnosis = diagnose(&self.client, &self.target, &self.auth, op, &e).await;
+                    return Err(match diagnosis {
+                        Some(diagnosis) => PushError::Refused {
+                            what: what.to_string(),
+                            diagnosis: Box::new(diagnosis),
+                        },
+                        None => PushError::Registry {
+                            host: self.target.registry().to_string(),
+                            what: what.to_string(),
+                            message: error_chain(&e),
+                        },
+                    });
                 }
             }
         }

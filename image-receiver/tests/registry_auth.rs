@@ -1,0 +1,239 @@
+//! The region registry behind Bearer-token auth (distribution's `auth: token`, with a token
+//! service answering as distribution's own does) and behind TLS, through the real binary: the
+//! push works with the right credentials (skopeo pulls it back through the token flow), and a
+//! refusal or a certificate problem says what it is first, quoting whoever refused.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use runr_testkit::oci::TestImage;
+use runr_testkit::token::{refusal_body, User, DETAIL_BAD_CREDENTIALS, DETAIL_NO_CREDENTIALS};
+use runr_testkit::tools::skopeo_output;
+use runr_testkit::{have_tool, TlsRegistry, TokenRegistry};
+use serde_json::Value;
+
+use crate::harness::Receiver;
+
+const USER: &str = "runr";
+/// A blank and a colon: the password must reach the token service as it is.
+const PASSWORD: &str = "s3cret pass:word";
+const REPO: &str = "runr-uploads/platform/app";
+
+fn tools() -> bool {
+    let ok = ["docker-registry", "skopeo", "openssl"]
+        .iter()
+        .all(|t| have_tool(t));
+    if !ok {
+        println!("skipping: docker-registry, skopeo or openssl is missing (.ci/run installs them)");
+    }
+    ok
+}
+
+/// `image` as an OCI archive (what `skopeo copy … oci-archive:` writes) in `dir`.
+fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
+    let path = dir.join("app.tar");
+    let out = skopeo_output(&[
+        "copy",
+        "--preserve-digests",
+        &image.oci_ref(),
+        &format!("oci-archive:{}:{}", path.display(), image.tag),
+    ]);
+    assert!(out.success(), "{out:?}");
+    std::fs::read(path).unwrap()
+}
+
+/// Uploads `data` to a new receiver pushing to `target` with `env`, and waits for the end.
+fn upload(work: &Path, data: &[u8], target: &str, env: &[(&str, &str)]) -> (Value, Receiver) {
+    let dir = work.join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let mut all = vec![
+        ("RUNR_UPLOAD_TARGET", target),
+        ("RUNR_UPLOAD_FILENAME", "app.tar"),
+    ];
+    all.extend_from_slice(env);
+    let r = Receiver::for_data(&dir, data, &all);
+    assert_eq!(r.put(0, data).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to end", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    (s, r)
+}
+
+/// skopeo pulls `reference` into a dir: and every blob of `image` is in it.
+fn pulled_whole(reference: &str, image: &TestImage, args: &[&str]) {
+    let out_dir = tempfile::tempdir().unwrap();
+    let mut all = vec!["copy", "--retry-times", "0"];
+    all.extend_from_slice(args);
+    let src = format!("docker://{reference}");
+    let dest = format!("dir:{}", out_dir.path().display());
+    all.extend_from_slice(&[src.as_str(), dest.as_str()]);
+    let out = skopeo_output(&all);
+    assert!(out.success(), "{out:?}");
+    for blob in image.blobs() {
+        let hex = blob.digest.strip_prefix("sha256:").unwrap();
+        let got = std::fs::read(out_dir.path().join(hex)).unwrap();
+        assert!(got == blob.data, "{} differs", blob.digest);
+    }
+}
+
+#[test]
+fn a_token_protected_registry_takes_the_push_and_skopeo_pulls_it() {
+    if !tools() {
+        return;
+    }
+    let reg = TokenRegistry::start(USER, PASSWORD);
+    let image = TestImage::random("1", &[300_000, 20_000]);
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let target = format!("{}/{REPO}:1", reg.host());
+    let (s, r) = upload(
+        work.path(),
+        &data,
+        &target,
+        &[
+            ("RUNR_REGISTRY_USERNAME", USER),
+            ("RUNR_REGISTRY_PASSWORD", PASSWORD),
+        ],
+    );
+    assert_eq!(s["status"], "completed", "{s}\n{}\n{}", r.log(), reg.log());
+    assert_eq!(s["image"]["tag_ref"], target.as_str(), "{s}");
+    assert_eq!(s["image"]["digest"], image.manifest.digest.as_str(), "{s}");
+    let log = reg.tokens().log();
+    assert!(
+        log.iter().any(|t| t.status == 200
+            && t.user.as_deref() == Some(USER)
+            && t.granted
+                .iter()
+                .any(|g| g == &format!("repository:{REPO}:pull,push"))),
+        "no push token was issued: {log:?}"
+    );
+    assert_eq!(reg.tokens().refused(), 0, "{log:?}");
+    let creds = format!("{USER}:{PASSWORD}");
+    pulled_whole(
+        &target,
+        &image,
+        &["--src-tls-verify=false", "--src-creds", &creds],
+    );
+}
+
+#[test]
+fn a_refused_push_says_so_first_quoting_the_token_service_or_the_registry() {
+    if !tools() {
+        return;
+    }
+    let reg = TokenRegistry::builder(USER, PASSWORD)
+        .user(User::with_actions("reader", "r3ad", &["pull"]))
+        .start();
+    let image = TestImage::random("1", &[20_000]);
+    let target = format!("{}/{REPO}:1", reg.host());
+    let cases: [(&[(&str, &str)], String); 3] = [
+        (
+            &[
+                ("RUNR_REGISTRY_USERNAME", USER),
+                ("RUNR_REGISTRY_PASSWORD", "wrong"),
+            ],
+            format!(
+                "authentication failed at the registry {} (repository {REPO}, user \"runr\"): its \
+                 token service answered: {} (while checking for blob sha256:",
+                reg.host(),
+                refusal_body(DETAIL_BAD_CREDENTIALS).trim_end()
+            ),
+        ),
+        (
+            &[],
+            format!(
+                "authentication failed at the registry {} (repository {REPO}, no credentials: \
+                 RUNR_REGISTRY_USERNAME is unset): its token service answered: {} (while checking \
+                 for blob sha256:",
+                reg.host(),
+                refusal_body(DETAIL_NO_CREDENTIALS).trim_end()
+            ),
+        ),
+        // The right password of a user who may only pull: the token is issued, the upload
+        // is refused by the registry (distribution says 401 insufficient_scope).
+        (
+            &[
+                ("RUNR_REGISTRY_USERNAME", "reader"),
+                ("RUNR_REGISTRY_PASSWORD", "r3ad"),
+            ],
+            format!(
+                "authorization failed at the registry {} (repository {REPO}, user \"reader\"): the \
+                 token its token service issued does not grant the access; it answered HTTP 401: \
+                 {{\"errors\":[{{\"code\":\"UNAUTHORIZED\",\"message\":\"authentication required\"",
+                reg.host()
+            ),
+        ),
+    ];
+    for (env, want) in cases {
+        let work = tempfile::tempdir().unwrap();
+        let data = oci_archive(&image, work.path());
+        let (s, r) = upload(work.path(), &data, &target, env);
+        assert_eq!(s["status"], "failed", "{s}");
+        let msg = s["message"].as_str().unwrap();
+        eprintln!("refused: {msg}");
+        assert!(
+            msg.starts_with(&want),
+            "{msg}\nwanted: {want}…\n{}",
+            r.log()
+        );
+        assert!(!msg.contains('\n'), "{msg:?}");
+        assert!(!msg.contains("s3cret") && !msg.contains("r3ad"), "{msg}");
+        // Refusals are not retried.
+        assert!(!r.log().contains("retrying"), "{}", r.log());
+    }
+    // Nothing was tagged.
+    let out = skopeo_output(&[
+        "inspect",
+        "--tls-verify=false",
+        "--creds",
+        &format!("{USER}:{PASSWORD}"),
+        &format!("docker://{target}"),
+    ]);
+    assert!(!out.success(), "{out:?}");
+}
+
+#[test]
+fn a_registry_certificate_from_an_unknown_ca_fails_at_once_and_its_ca_makes_it_work() {
+    if !tools() {
+        return;
+    }
+    let reg = TlsRegistry::start();
+    let image = TestImage::random("1", &[20_000]);
+    let target = format!("{}/{REPO}:1", reg.host());
+    let tls = [("RUNR_REGISTRY_PLAIN_HTTP", "0")];
+
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let started = Instant::now();
+    let (s, r) = upload(work.path(), &data, &target, &tls);
+    let took = started.elapsed();
+    assert_eq!(s["status"], "failed", "{s}");
+    let msg = s["message"].as_str().unwrap();
+    eprintln!("unknown CA: {msg}");
+    assert!(
+        msg.starts_with(&format!(
+            "TLS with the registry {} failed: invalid peer certificate: UnknownIssuer (",
+            reg.host()
+        )),
+        "{msg}"
+    );
+    assert!(!r.log().contains("retrying"), "not retried: {}", r.log());
+    assert!(took < Duration::from_secs(30), "{took:?}");
+
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let ca = reg.ca_file().display().to_string();
+    let (s, r) = upload(
+        work.path(),
+        &data,
+        &target,
+        &[
+            ("RUNR_REGISTRY_PLAIN_HTTP", "0"),
+            ("RUNR_REGISTRY_CA_FILE", &ca),
+        ],
+    );
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let cert_dir = reg.cert_dir().display().to_string();
+    pulled_whole(&target, &image, &["--src-cert-dir", &cert_dir]);
+}
