@@ -79,7 +79,9 @@ async fn run(config: &Config) -> u8 {
         };
         match config.mode {
             Mode::Http => http::proxy::run(config, shutdown).await,
-            Mode::Exec | Mode::Persistent => http::server::run(config, shutdown).await,
+            Mode::Exec | Mode::Persistent | Mode::Lambda => {
+                http::server::run(config, shutdown).await
+            }
         }
     };
     observe::flush(FLUSH_LIMIT).await;
@@ -134,6 +136,10 @@ fn version_text() -> String {
         "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}\n\
          tick reads PORT, RUNR_TICK_URL and RUNR_TICK_WAIT (see runr-tick help).\n",
         env!("CARGO_PKG_VERSION"),
-        runr_base::env::help(&[crate::config::VARS, crate::config::observe::VARS]),
+        runr_base::env::help(&[
+            crate::config::VARS,
+            crate::config::observe::VARS,
+            crate::config::lambda::VARS,
+        ]),
     )
 }

@@ -3,7 +3,8 @@
 //!
 //! - http mode, the invoke sequence: start the program with `PORT`, wait until it listens (up to
 //!   60 s), POST the schedule CloudEvent, stop the server (SIGTERM, SIGKILL after 5 s);
-//! - exec and persistent mode: one invocation with the same request through the [`Invoker`].
+//! - exec, persistent and lambda mode: one invocation with the same request through the
+//!   [`Invoker`] (lambda mode makes it an EventBridge Scheduled Event).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,7 +24,7 @@ use crate::observe::{self, Failure, Finished};
 pub async fn run(config: &Config) -> u8 {
     match config.mode {
         Mode::Http => invoke_sequence(config).await,
-        Mode::Exec | Mode::Persistent => one_shot(config).await,
+        Mode::Exec | Mode::Persistent | Mode::Lambda => one_shot(config).await,
     }
 }
 

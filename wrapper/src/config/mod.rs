@@ -2,31 +2,34 @@
 //! variable (name and value kept in the error) so a single restart shows every mistake. Read
 //! through [`runr_base::env`]: the grammar of durations, flags and ports is every binary's.
 
+pub(crate) mod lambda;
 pub(crate) mod observe;
 
 use std::time::Duration;
 
 use runr_base::env::{ConfigErrors, Env, VarDoc};
 
+use lambda::LambdaConfig;
 use observe::ObserveConfig;
 
 /// Port the wrapper listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";
 const DEFAULT_PORT: u16 = 8080;
 
-/// `exec` (one process per invocation), `persistent` (long-lived workers, JSON lines) or `http`
-/// (the program serves HTTP itself). Required.
+/// `exec` (one process per invocation), `persistent` (long-lived workers, JSON lines), `http`
+/// (the program serves HTTP itself) or `lambda` (runtimes speaking the AWS Lambda Runtime API).
+/// Required.
 pub const ENV_MODE: &str = "RUNR_WRAPPER_MODE";
 
 /// The program to run: a JSON array of strings, or a plain string split on whitespace (no shell).
-/// Required.
+/// Required, except in lambda mode when a `bootstrap` is found (see [`lambda`]).
 pub const ENV_COMMAND: &str = "RUNR_COMMAND";
 
 /// What an exec-mode handler reads on stdin: `json` (the request envelope) or `raw` (the body).
 pub const ENV_INPUT: &str = "RUNR_INPUT";
 const DEFAULT_INPUT: Input = Input::Json;
 
-/// Number of persistent-mode workers, 1–16.
+/// Number of persistent-mode workers (lambda mode: runtime processes), 1–16.
 pub const ENV_WORKERS: &str = "RUNR_WORKERS";
 const DEFAULT_WORKERS: usize = 1;
 const MAX_WORKERS: usize = 16;
@@ -65,7 +68,7 @@ const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 /// [`observe::VARS`]).
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_PORT, "8080", "port to listen on"),
-    VarDoc::required(ENV_MODE, "exec | persistent | http"),
+    VarDoc::required(ENV_MODE, "exec | persistent | http | lambda"),
     VarDoc::required(
         ENV_COMMAND,
         "the program: JSON array of strings, or a string split on whitespace",
@@ -75,7 +78,11 @@ pub const VARS: &[VarDoc] = &[
         "json",
         "json | raw: what an exec-mode handler reads on stdin",
     ),
-    VarDoc::new(ENV_WORKERS, "1", "persistent-mode workers, 1-16"),
+    VarDoc::new(
+        ENV_WORKERS,
+        "1",
+        "persistent-mode workers (lambda mode: runtime processes), 1-16",
+    ),
     VarDoc::new(
         ENV_TIMEOUT,
         "30s",
@@ -104,6 +111,8 @@ pub enum Mode {
     Persistent,
     /// The program serves HTTP on `$PORT` itself.
     Http,
+    /// `RUNR_WORKERS` runtime processes that poll the wrapper's AWS Lambda Runtime API.
+    Lambda,
 }
 
 impl Mode {
@@ -113,6 +122,7 @@ impl Mode {
             Mode::Exec => "exec",
             Mode::Persistent => "persistent",
             Mode::Http => "http",
+            Mode::Lambda => "lambda",
         }
     }
 }
@@ -173,6 +183,8 @@ pub struct Config {
     pub log_level: tracing::Level,
     /// Tracing, replay capture and the observed proxy's upstream port.
     pub observe: ObserveConfig,
+    /// lambda mode's own variables (`None` in the other modes).
+    pub lambda: Option<LambdaConfig>,
 }
 
 // === impl Config ===
@@ -187,9 +199,14 @@ impl Config {
             "exec" => Ok(Mode::Exec),
             "persistent" => Ok(Mode::Persistent),
             "http" => Ok(Mode::Http),
-            _ => Err("expected exec, persistent or http".into()),
+            "lambda" => Ok(Mode::Lambda),
+            _ => Err("expected exec, persistent, http or lambda".into()),
         });
-        let command = env.required(ENV_COMMAND, parse_command);
+        let lambda = (mode == Some(Mode::Lambda)).then(|| LambdaConfig::parse(&mut env));
+        let command = match &lambda {
+            Some(lambda) => lambda.command(&mut env),
+            None => env.required(ENV_COMMAND, parse_command),
+        };
         let input = env.parse(ENV_INPUT, DEFAULT_INPUT, |v| match v {
             "json" => Ok(Input::Json),
             "raw" => Ok(Input::Raw),
@@ -219,6 +236,7 @@ impl Config {
             trigger,
             log_level,
             observe,
+            lambda,
         });
         env.finish_with(config)
     }
@@ -416,6 +434,7 @@ mod tests {
         // Every branch: plain exec, then tracing and replay on with the general and with the
         // traces-specific OTLP variables.
         let base = [(ENV_MODE, "exec"), (ENV_COMMAND, "cat")];
+        let lambda_mode = [(ENV_MODE, "lambda"), (ENV_COMMAND, "bootstrap")];
         let observed = [(ENV_TRACING, "1"), (ENV_REPLAY, "1")];
         let general = [(ENV_OTLP_ENDPOINT, "http://c:4318")];
         let specific = [
@@ -427,18 +446,24 @@ mod tests {
             base.to_vec(),
             [&base[..], &observed, &general].concat(),
             [&base[..], &observed, &specific].concat(),
+            lambda_mode.to_vec(),
         ] {
             read.extend(runr_base::env::names_read(&vars, |get| {
                 let _ = Config::from_lookup(get);
             }));
         }
-        for name in [ENV_OTLP_TRACES_TIMEOUT, observe::ENV_SDK_DISABLED, ENV_LOG] {
+        for name in [
+            ENV_OTLP_TRACES_TIMEOUT,
+            observe::ENV_SDK_DISABLED,
+            ENV_LOG,
+            lambda::ENV_K_SERVICE,
+        ] {
             assert!(read.iter().any(|r| r == name), "{name} read: {read:?}");
         }
         read.sort();
         read.dedup();
         assert_eq!(
-            runr_base::env::unlisted(&[VARS, observe::VARS], &read),
+            runr_base::env::unlisted(&[VARS, observe::VARS, lambda::VARS], &read),
             Vec::<String>::new()
         );
     }

@@ -128,7 +128,8 @@ impl Invoker {
         match config.mode {
             Mode::Exec => Some(Invoker::Exec(Exec::new(config))),
             Mode::Persistent => Some(Invoker::Pool(Pool::start(config))),
-            Mode::Http => None,
+            // Not served yet.
+            Mode::Http | Mode::Lambda => None,
         }
     }
 
