@@ -1,4 +1,4 @@
-//! The wrapper's HTTP faces: the server of exec and persistent mode ([`server`]), the observed
+//! The wrapper's HTTP faces: the server of exec, persistent and lambda mode ([`server`]), the observed
 //! proxy of http mode ([`proxy`]), and http mode's direct run of the program ([`direct`]). What
 //! the two servers share lives here: the accept loop with its drain, probes, CORS and the
 //! conversion of a [`Reply`] into a response.
@@ -9,6 +9,7 @@ pub(crate) mod proxy;
 pub(crate) mod server;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,13 +31,14 @@ use crate::response::Reply;
 /// How long in-flight requests get to finish after SIGTERM.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(25);
 
-/// The accept loop every HTTP face of the wrapper shares (exec/persistent server, observed
-/// proxy): [`runr_base::serve::serve_connections`] with hyper's default header-read timeout
-/// (slow clients cannot pin a task) and [`DRAIN_LIMIT`].
+/// The accept loop every HTTP face of the wrapper shares (exec/persistent/lambda server,
+/// observed proxy): [`runr_base::serve::serve_connections`] with hyper's default header-read
+/// timeout (slow clients cannot pin a task) and [`DRAIN_LIMIT`]; `make_service` gets each
+/// connection's peer address.
 pub async fn serve_connections<S, B>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
-    mut make_service: impl FnMut() -> S,
+    mut make_service: impl FnMut(SocketAddr) -> S,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
     S::Future: Send + 'static,
@@ -46,8 +48,8 @@ pub async fn serve_connections<S, B>(
 {
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new());
-    runr_base::serve::serve_connections(listener, http, shutdown, DRAIN_LIMIT, |_, _| {
-        make_service()
+    runr_base::serve::serve_connections(listener, http, shutdown, DRAIN_LIMIT, |_, peer| {
+        make_service(peer)
     })
     .await;
 }

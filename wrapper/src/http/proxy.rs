@@ -146,7 +146,7 @@ async fn watch_upstream(upstream: Target, wait: Duration, ready: watch::Sender<b
 /// The shared accept loop and drain, with a service per client connection that owns that
 /// connection's own upstream connection (see the module docs).
 async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>) {
-    serve_connections(listener, shutdown, || {
+    serve_connections(listener, shutdown, |_peer| {
         let ctx = ctx.clone();
         let upstream: Arc<Mutex<Option<SendRequest<UpBody>>>> = Arc::default();
         service_fn(move |req| handle(ctx.clone(), upstream.clone(), req))

@@ -1,5 +1,6 @@
-//! The HTTP side of exec and persistent mode: the accept loop, probes, CORS, the request
-//! limits, admission control, one [`Invoker::invoke`] per request, and the SIGTERM drain.
+//! The HTTP side of exec, persistent and lambda mode: the accept loop, probes, CORS, the
+//! request limits, admission control, one [`Invoker::invoke`] per request (lambda mode: its own
+//! answer, which may stream), and the SIGTERM drain.
 //!
 //! A request goes through, in this order, each step answering by itself when it refuses
 //! ([`Refusal`]): probes and preflights (no invocation); what its head alone decides (a declared
@@ -10,13 +11,14 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::{Method, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::time::Instant;
@@ -25,9 +27,13 @@ use super::admission::Admission;
 use super::{into_response, is_probe, preflight, serve_connections, Refusal};
 use crate::config::{Config, Trigger};
 use crate::envelope::{BodyError, BodyReader, Request, MAX_BODY};
+use crate::invoke::lambda::{self, StreamedBody};
 use crate::invoke::{self, Invoker, Outcome};
 use crate::observe;
 use crate::response::{self, Reply};
+
+/// An answer's body: whole, or streamed by a Lambda runtime.
+type ResBody = Either<Full<Bytes>, StreamedBody>;
 
 /// What every connection's requests share.
 struct Ctx {
@@ -71,9 +77,9 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         trigger: config.trigger,
         timeout: config.timeout,
     });
-    serve_connections(listener, shutdown, || {
+    serve_connections(listener, shutdown, |peer| {
         let ctx = ctx.clone();
-        service_fn(move |req| handle(ctx.clone(), req))
+        service_fn(move |req| handle(ctx.clone(), peer, req))
     })
     .await;
     ctx.invoker.shutdown().await;
@@ -83,16 +89,21 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
 
 async fn handle(
     ctx: Arc<Ctx>,
+    peer: SocketAddr,
     req: hyper::Request<Incoming>,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+) -> Result<hyper::Response<ResBody>, Infallible> {
     let reply = if is_probe(&req) {
         // Knative's probes check the wrapper is up; they must not cost an invocation.
-        Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
+        if ctx.invoker.ready() {
+            Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
+        } else {
+            Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not ready")
+        }
     } else if req.method() == Method::OPTIONS {
         preflight()
     } else {
-        match invocation(&ctx, req).await {
-            Ok(reply) => reply,
+        match invocation(&ctx, peer, req).await {
+            Ok(res) => return Ok(res),
             Err(refusal) => {
                 // A client's request or the load, not a fault of ours: debug only.
                 tracing::debug!(refusal = refusal.as_str(), "request refused");
@@ -100,13 +111,18 @@ async fn handle(
             }
         }
     };
-    Ok(into_response(reply))
+    Ok(into_response(reply).map(Either::Left))
 }
 
 /// One request that may invoke the handler, from its head to its answer (see the module docs
 /// for the order of the checks).
-async fn invocation(ctx: &Ctx, req: hyper::Request<Incoming>) -> Result<Reply, Refusal> {
+async fn invocation(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    req: hyper::Request<Incoming>,
+) -> Result<hyper::Response<ResBody>, Refusal> {
     let arrived = Instant::now();
+    let version = req.version();
     // Waiting for a slot and reading the body count against the invocation's time.
     let deadline = arrived + ctx.timeout;
     let declared = req
@@ -147,6 +163,21 @@ async fn invocation(ctx: &Ctx, req: hyper::Request<Incoming>) -> Result<Reply, R
     }
     span.begin();
     let request = Arc::new(request);
+    if let Invoker::Lambda(lambda) = &*ctx.invoker {
+        // Its own answer, which may stream: observed where it ends, the slot held until then.
+        let client = lambda::Client { peer, version };
+        return Ok(
+            match lambda
+                .respond(request, client, arrived, deadline, span, slot)
+                .await
+            {
+                lambda::Answer::Whole(reply) => into_response(reply).map(Either::Left),
+                lambda::Answer::Streamed { head, body } => {
+                    into_response(head).map(|_| Either::Right(body))
+                }
+            },
+        );
+    }
     let outcome = ctx
         .invoker
         .invoke(&request, streamed.then_some(&mut body), deadline)
@@ -157,7 +188,7 @@ async fn invocation(ctx: &Ctx, req: hyper::Request<Incoming>) -> Result<Reply, R
         false => (&request.body[..], request.body.len() as u64),
     };
     observe(&request, seen, &outcome, arrived.elapsed(), span);
-    Ok(outcome.reply)
+    Ok(into_response(outcome.reply).map(Either::Left))
 }
 
 /// THE point where an invocation has completed: the parsed request (method, path, headers,

@@ -4,6 +4,7 @@
 //! around it ([`start`], [`finish`]) that feeds tracing and replay.
 
 pub(crate) mod exec;
+pub(crate) mod lambda;
 pub(crate) mod pool;
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use crate::observe::{self, Failure, Finished};
 use crate::process::arg_limit::TooLarge;
 use crate::response::Reply;
 use exec::Exec;
+use lambda::Lambda;
 use pool::Pool;
 
 /// Where code-mounted functions find their files; the handler's cwd when it exists.
@@ -119,6 +121,8 @@ pub enum Invoker {
     Exec(Exec),
     /// Long-lived workers.
     Pool(Pool),
+    /// Runtimes speaking the Lambda Runtime API.
+    Lambda(Lambda),
 }
 
 impl Invoker {
@@ -128,17 +132,24 @@ impl Invoker {
         match config.mode {
             Mode::Exec => Some(Invoker::Exec(Exec::new(config))),
             Mode::Persistent => Some(Invoker::Pool(Pool::start(config))),
-            // Not served yet.
-            Mode::Http | Mode::Lambda => None,
+            Mode::Lambda => match Lambda::start(config) {
+                Ok(lambda) => Some(Invoker::Lambda(lambda)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serve the Lambda Runtime API");
+                    None
+                }
+            },
+            Mode::Http => None,
         }
     }
 
     /// How many invocations run at once: exec mode's `RUNR_MAX_INFLIGHT`, persistent mode's
-    /// workers. The server admits that many at a time.
+    /// workers, lambda mode's runtimes. The server admits that many at a time.
     pub fn slots(&self) -> usize {
         match self {
             Invoker::Exec(exec) => exec.slots(),
             Invoker::Pool(pool) => pool.workers(),
+            Invoker::Lambda(lambda) => lambda.runtimes(),
         }
     }
 
@@ -148,7 +159,7 @@ impl Invoker {
     pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
         match self {
             Invoker::Exec(exec) => exec.check(req),
-            Invoker::Pool(_) => Ok(()),
+            Invoker::Pool(_) | Invoker::Lambda(_) => Ok(()),
         }
     }
 
@@ -157,7 +168,7 @@ impl Invoker {
     pub fn streams_body(&self) -> bool {
         match self {
             Invoker::Exec(exec) => exec.streams_body(),
-            Invoker::Pool(_) => false,
+            Invoker::Pool(_) | Invoker::Lambda(_) => false,
         }
     }
 
@@ -173,14 +184,26 @@ impl Invoker {
         match self {
             Invoker::Exec(exec) => exec.invoke(req, body, deadline).await,
             Invoker::Pool(pool) => pool.invoke(req, deadline).await,
+            Invoker::Lambda(lambda) => lambda.invoke(req, deadline).await,
+        }
+    }
+
+    /// False while the function cannot take invocations yet (lambda mode: no runtime has
+    /// initialised); probes answer 503 then.
+    pub fn ready(&self) -> bool {
+        match self {
+            Invoker::Lambda(lambda) => lambda.ready(),
+            Invoker::Exec(_) | Invoker::Pool(_) => true,
         }
     }
 
     /// Stops long-lived processes (SIGTERM, SIGKILL after 5 s); a no-op in exec mode, whose
     /// processes live only as long as their requests.
     pub async fn shutdown(&self) {
-        if let Invoker::Pool(pool) = self {
-            pool.shutdown().await;
+        match self {
+            Invoker::Pool(pool) => pool.shutdown().await,
+            Invoker::Lambda(lambda) => lambda.shutdown().await,
+            Invoker::Exec(_) => {}
         }
     }
 }
@@ -232,6 +255,11 @@ impl Started {
         if self.span.is_some() {
             self.cold_start = Some(trace::take_cold_start());
         }
+    }
+
+    /// True when a server span was started (tracing on).
+    pub fn traced(&self) -> bool {
+        self.span.is_some()
     }
 }
 

@@ -1,0 +1,710 @@
+//! lambda mode (`RUNR_WRAPPER_MODE=lambda`): AWS Lambda functions and custom runtimes run as
+//! they are. The wrapper serves the Lambda Runtime API (`2018-06-01`, [`api`]) and starts
+//! `RUNR_WORKERS` runtime processes ([`runtime`]), each with its own loopback port
+//! (`AWS_LAMBDA_RUNTIME_API`) and state machine ([`slot`]), in its own process group.
+//!
+//! Each invocation becomes the event its trigger's AWS counterpart sends ([`events`]: API
+//! Gateway HTTP API 2.0, SQS, EventBridge), waits in one queue for the next runtime that asks
+//! for work (the wait counts in `RUNR_TIMEOUT`), and the runtime's answer becomes the HTTP
+//! answer ([`result`]), streamed to the client as it comes when the runtime streams
+//! ([`stream`]). With `RUNR_LAMBDA_INVOKE_API=1` the emulator's
+//! `POST /2015-03-31/functions/function/invocations` takes a raw event and answers the raw
+//! result.
+//!
+//! One runtime handles one invocation at a time, as in Lambda. Around it, everything the
+//! other modes do: the timeout kills the runtime's process group and restarts it, a runtime
+//! that exits mid-invocation answers 502 and is restarted, and the Runtime API's mistakes are
+//! answered, never fatal.
+
+pub(crate) mod api;
+pub(crate) mod events;
+mod md5;
+pub(crate) mod result;
+pub(crate) mod runtime;
+pub(crate) mod slot;
+pub(crate) mod stream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, StatusCode};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use tokio::sync::{mpsc, oneshot, watch, Mutex};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{Ended, Outcome, Started};
+use crate::config::{Config, Trigger};
+use crate::envelope::Request;
+use crate::observe::trace;
+use crate::response::{Reply, OCTETS};
+use api::Api;
+use result::{FunctionError, Prelude};
+use slot::{Chunk, Delivery, Failure, Job, Readiness, Slot, Streamed};
+pub use stream::StreamedBody;
+
+/// Largest event and largest buffered response, as Lambda's synchronous invocations.
+pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
+
+/// The header the emulator's invoke API (and Lambda's) marks a function error with.
+const FUNCTION_ERROR: HeaderName = HeaderName::from_static("x-amz-function-error");
+
+/// What the slots share.
+pub struct Shared {
+    /// The invocations waiting for a runtime; a slot's supervisor takes one when its runtime
+    /// asks.
+    queue: Mutex<mpsc::UnboundedReceiver<Job>>,
+    readiness: Arc<Readiness>,
+}
+
+impl Shared {
+    /// A runtime failed to initialise: when no runtime is ready, the invocations waiting are
+    /// answered with that error (as Lambda answers the invocation whose init failed) instead
+    /// of waiting for their timeout; new ones wait for the restart.
+    pub fn init_failed(&self, err: &FunctionError) {
+        if self.readiness.any() {
+            return;
+        }
+        // A slot that is pulling holds the lock, and a slot only pulls when it is ready.
+        let Ok(mut queue) = self.queue.try_lock() else {
+            return;
+        };
+        let mut failed = 0;
+        while let Ok(job) = queue.try_recv() {
+            failed += 1;
+            let _ = job.reply.send(Delivery::Failed(Failure::Init(err.clone())));
+        }
+        if failed > 0 {
+            tracing::warn!(
+                invocations = failed,
+                "answered the queued invocations with the init error"
+            );
+        }
+    }
+}
+
+/// How a client reached the function.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The peer address of its connection.
+    pub peer: SocketAddr,
+    /// The HTTP version it spoke.
+    pub version: http::Version,
+}
+
+/// What the server answers for one request.
+pub enum Answer {
+    /// A whole answer.
+    Whole(Reply),
+    /// A head now, its body as the runtime streams it.
+    Streamed {
+        /// Status and headers (the body is empty).
+        head: Reply,
+        /// The body.
+        body: StreamedBody,
+    },
+}
+
+/// What kind of event a request becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Http,
+    Queue,
+    Schedule,
+    /// The emulator's invoke API: the body is the event.
+    InvokeApi,
+}
+
+/// An answer before it is observed.
+enum Mapped {
+    Whole(Outcome),
+    Streamed {
+        head: Reply,
+        first: Bytes,
+        chunks: mpsc::Receiver<Chunk>,
+        deadline: Instant,
+    },
+}
+
+/// The lambda-mode invoker.
+pub struct Lambda {
+    queue: mpsc::UnboundedSender<Job>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    runtimes: usize,
+    timeout: Duration,
+    trigger: Trigger,
+    region: String,
+    invoke_api: bool,
+}
+
+impl Lambda {
+    /// Binds one Runtime API port per runtime on 127.0.0.1 and starts the runtimes. Must run
+    /// inside the tokio runtime.
+    pub fn start(config: &Config) -> std::io::Result<Lambda> {
+        let Some(lc) = config.lambda.as_ref() else {
+            return Err(std::io::Error::other(
+                "lambda mode without its configuration",
+            ));
+        };
+        let arn = HeaderValue::from_str(&lc.function_arn())
+            .map_err(|_| std::io::Error::other("the function ARN is not a valid header value"))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let readiness = Arc::new(Readiness::default());
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(rx),
+            readiness: readiness.clone(),
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let spec = Arc::new(runtime::Spec {
+            command: config.command.clone(),
+            cwd: lc.task_root.clone(),
+            env: runtime::environment(lc, runtime::memory_mib()),
+            version: lc.function_version.clone(),
+            stop: stop_rx,
+        });
+        let mut slots = Vec::with_capacity(config.workers);
+        for index in 0..config.workers {
+            let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let addr = listener.local_addr()?;
+            let slot = Arc::new(Slot::new(index, readiness.clone()));
+            let api = Arc::new(Api {
+                slot: slot.clone(),
+                function_arn: arn.clone(),
+                shared: shared.clone(),
+            });
+            // No header-read timeout: a runtime's connection waits between invocations, and
+            // the port is loopback-only. Never shut down: the tasks end with the runtime.
+            tokio::spawn(runr_base::serve::serve_connections(
+                listener,
+                http1::Builder::new(),
+                std::future::pending(),
+                Duration::ZERO,
+                move |_, _| {
+                    let api = api.clone();
+                    service_fn(move |req| api::handle(api.clone(), req))
+                },
+            ));
+            slots.push(tokio::spawn(runtime::run_slot(
+                slot,
+                shared.clone(),
+                spec.clone(),
+                addr.to_string(),
+            )));
+        }
+        tracing::info!(
+            runtimes = config.workers,
+            function = %lc.function_name,
+            region = %lc.region,
+            invoke_api = lc.invoke_api,
+            "serving the Lambda Runtime API"
+        );
+        Ok(Lambda {
+            queue: tx,
+            shared,
+            stop: stop_tx,
+            slots: std::sync::Mutex::new(slots),
+            runtimes: config.workers,
+            timeout: config.timeout,
+            trigger: config.trigger,
+            region: lc.region.clone(),
+            invoke_api: lc.invoke_api,
+        })
+    }
+
+    /// True when at least one runtime is initialised (asked for an invocation): probes answer
+    /// 503 until then, and while every runtime is failing its init.
+    pub fn ready(&self) -> bool {
+        self.shared.readiness.any()
+    }
+
+    /// The runtime processes (`RUNR_WORKERS`): one invocation each at a time, so the server
+    /// admits that many.
+    pub fn runtimes(&self) -> usize {
+        self.runtimes
+    }
+
+    /// One HTTP request (its body read, `started` its span), answered as a whole or streamed
+    /// by `deadline`; observed (access line, span, replay) when it ends, and `hold` (the
+    /// server's admission slot) kept until then.
+    pub async fn respond(
+        &self,
+        req: Arc<Request>,
+        client: Client,
+        arrived: Instant,
+        deadline: Instant,
+        started: Started,
+        hold: impl Send + 'static,
+    ) -> Answer {
+        let kind = self.kind_of(&req);
+        if req.body.len() > MAX_PAYLOAD {
+            // Lambda's limit, below the server's own.
+            return Answer::Whole(Reply::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body exceeds 6 MiB",
+            ));
+        }
+        let trace_id = started
+            .traced()
+            .then(|| xray_trace_id(&req.headers))
+            .flatten();
+        let when = SystemTime::now() - arrived.elapsed();
+        let source_ip = source_ip(&req.headers, client.peer);
+        let protocol = match client.version {
+            http::Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        };
+        let ctx = events::HttpContext {
+            source_ip: &source_ip,
+            protocol,
+            now: when,
+        };
+        let mapped = self.run(kind, &req, &ctx, trace_id, deadline).await;
+        match mapped {
+            Mapped::Whole(outcome) => {
+                finish(&req, outcome.clone(), arrived, started);
+                drop(hold);
+                Answer::Whole(outcome.reply)
+            }
+            Mapped::Streamed {
+                head,
+                first,
+                chunks,
+                deadline,
+            } => {
+                let status = head.status;
+                let body = StreamedBody::new(first, chunks, deadline, move |end| {
+                    let ended = match end {
+                        stream::End::Complete => Ended::Answered,
+                        stream::End::TimedOut => Ended::TimedOut,
+                        stream::End::Failed | stream::End::ClientGone => Ended::WorkerExited,
+                    };
+                    let outcome = Outcome {
+                        reply: Reply {
+                            status,
+                            headers: Vec::new(),
+                            body: Bytes::new(),
+                        },
+                        ended,
+                    };
+                    finish(&req, outcome, arrived, started);
+                    drop(hold);
+                });
+                Answer::Streamed { head, body }
+            }
+        }
+    }
+
+    /// One invocation answered as a whole by `deadline` (a streamed response is collected, up
+    /// to [`MAX_PAYLOAD`]): the schedule one-shot.
+    pub async fn invoke(&self, req: &Request, deadline: Instant) -> Outcome {
+        let kind = self.kind_of(req);
+        let ctx = events::HttpContext {
+            source_ip: "127.0.0.1",
+            protocol: "HTTP/1.1",
+            now: SystemTime::now(),
+        };
+        match self.run(kind, req, &ctx, None, deadline).await {
+            Mapped::Whole(outcome) => outcome,
+            Mapped::Streamed {
+                head,
+                first,
+                mut chunks,
+                deadline,
+            } => match collect(first, &mut chunks, deadline).await {
+                Ok(body) => Outcome::answered(Reply { body, ..head }),
+                Err(failure) => self.failed(failure),
+            },
+        }
+    }
+
+    /// Stops every runtime (SIGTERM to its group, SIGKILL after 5 s). Call after the server
+    /// has drained.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        let slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in slots {
+            let _ = slot.await;
+        }
+    }
+
+    fn kind_of(&self, req: &Request) -> Kind {
+        if self.invoke_api && req.method == "POST" && is_invoke_path(&req.path) {
+            return Kind::InvokeApi;
+        }
+        match self.trigger {
+            Trigger::Http => Kind::Http,
+            Trigger::Queue => Kind::Queue,
+            Trigger::Schedule => Kind::Schedule,
+        }
+    }
+
+    /// Builds the event, queues it and maps what comes back.
+    async fn run(
+        &self,
+        kind: Kind,
+        req: &Request,
+        ctx: &events::HttpContext<'_>,
+        trace_id: Option<HeaderValue>,
+        deadline: Instant,
+    ) -> Mapped {
+        let (event, message_id) = match kind {
+            Kind::Http => (events::http_event(req, ctx), String::new()),
+            Kind::Queue => events::sqs_event(req, &self.region, ctx.now),
+            Kind::Schedule => (
+                events::schedule_event(req, &self.region, ctx.now),
+                String::new(),
+            ),
+            Kind::InvokeApi => (req.body.to_vec(), String::new()),
+        };
+        if event.len() > MAX_PAYLOAD {
+            return Mapped::Whole(Outcome::failed(
+                Ended::Answered,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the event payload exceeds 6 MiB",
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            id: Arc::from(runr_base::fmt::uuid_v4()),
+            event: Bytes::from(event),
+            deadline,
+            deadline_ms: runr_base::fmt::unix_millis(
+                SystemTime::now() + deadline.saturating_duration_since(Instant::now()),
+            ),
+            trace_id,
+            reply: tx,
+        };
+        if self.queue.send(job).is_err() {
+            return Mapped::Whole(unavailable());
+        }
+        let delivery = match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(delivery)) => delivery,
+            Ok(Err(_dropped)) => return Mapped::Whole(unavailable()),
+            Err(_elapsed) => return Mapped::Whole(Outcome::timed_out(self.timeout)),
+        };
+        match delivery {
+            Delivery::Failed(failure) => Mapped::Whole(self.failed(failure)),
+            Delivery::Error(err) => Mapped::Whole(function_error(kind, &err)),
+            Delivery::Result { body, content_type } => Mapped::Whole(Outcome::answered(
+                self.result(kind, &body, content_type, &message_id),
+            )),
+            Delivery::Stream(streamed) => {
+                self.streamed(kind, streamed, deadline, &message_id).await
+            }
+        }
+    }
+
+    fn result(
+        &self,
+        kind: Kind,
+        body: &Bytes,
+        content_type: Option<HeaderValue>,
+        message_id: &str,
+    ) -> Reply {
+        match kind {
+            Kind::Http => result::http_reply(body),
+            Kind::Queue => result::queue_reply(body, message_id),
+            Kind::Schedule => result::plain_reply(body, None),
+            Kind::InvokeApi => result::plain_reply(body, content_type.as_ref()),
+        }
+    }
+
+    /// A streamed response: an http event's HTTP-integration prelude gives the head (a stream
+    /// without one answers 200 with its content type); queue and schedule results are
+    /// collected and read as a whole.
+    async fn streamed(
+        &self,
+        kind: Kind,
+        s: Streamed,
+        deadline: Instant,
+        message_id: &str,
+    ) -> Mapped {
+        let Streamed {
+            content_type,
+            mut chunks,
+        } = s;
+        match kind {
+            Kind::Queue | Kind::Schedule => {
+                match collect(Bytes::new(), &mut chunks, deadline).await {
+                    Ok(body) => Mapped::Whole(Outcome::answered(self.result(
+                        kind,
+                        &body,
+                        content_type,
+                        message_id,
+                    ))),
+                    Err(failure) => Mapped::Whole(self.failed(failure)),
+                }
+            }
+            Kind::Http | Kind::InvokeApi => {
+                let prelude = kind == Kind::Http
+                    && content_type.as_ref().is_some_and(|ct| {
+                        ct.as_bytes()
+                            .starts_with(result::HTTP_INTEGRATION.as_bytes())
+                    });
+                if !prelude {
+                    let ct = content_type.unwrap_or(HeaderValue::from_static(OCTETS));
+                    return Mapped::Streamed {
+                        head: Reply {
+                            status: StatusCode::OK,
+                            headers: vec![(CONTENT_TYPE, ct)],
+                            body: Bytes::new(),
+                        },
+                        first: Bytes::new(),
+                        chunks,
+                        deadline,
+                    };
+                }
+                match tokio::time::timeout_at(deadline, read_prelude(&mut chunks)).await {
+                    Err(_elapsed) => Mapped::Whole(Outcome::timed_out(self.timeout)),
+                    Ok(Err(failure)) => Mapped::Whole(self.failed(failure)),
+                    Ok(Ok(PreludeRead::Invalid(reason))) => Mapped::Whole(Outcome::failed(
+                        Ended::Answered,
+                        StatusCode::BAD_GATEWAY,
+                        &reason,
+                    )),
+                    Ok(Ok(PreludeRead::Error(err))) => Mapped::Whole(function_error(kind, &err)),
+                    Ok(Ok(PreludeRead::Head { head, first })) => Mapped::Streamed {
+                        head,
+                        first,
+                        chunks,
+                        deadline,
+                    },
+                }
+            }
+        }
+    }
+
+    fn failed(&self, failure: Failure) -> Outcome {
+        match failure {
+            Failure::Exited(_) => Outcome::failed(
+                Ended::WorkerExited,
+                StatusCode::BAD_GATEWAY,
+                "handler process exited",
+            ),
+            Failure::TooLarge => Outcome::failed(
+                Ended::OutputTooLarge,
+                StatusCode::BAD_GATEWAY,
+                "the function's response exceeds 6 MiB",
+            ),
+            Failure::Truncated => Outcome::failed(
+                Ended::WorkerExited,
+                StatusCode::BAD_GATEWAY,
+                "the function's response was cut off",
+            ),
+            Failure::BadResponseMode => Outcome::failed(
+                Ended::Answered,
+                StatusCode::BAD_GATEWAY,
+                "the runtime sent an invalid Lambda-Runtime-Function-Response-Mode",
+            ),
+            Failure::Init(err) => Outcome {
+                reply: result::error_reply(&err),
+                ended: Ended::FailedToStart,
+            },
+            Failure::TimedOut => Outcome::timed_out(self.timeout),
+        }
+    }
+}
+
+/// Observes an invocation where it ended (a streamed one: where its body ended).
+fn finish(req: &Request, outcome: Outcome, arrived: Instant, started: Started) {
+    let body = (&req.body[..], req.body.len() as u64);
+    super::finish(req, body, &outcome, arrived.elapsed(), started);
+}
+
+fn unavailable() -> Outcome {
+    Outcome::failed(
+        Ended::Unavailable,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no runtime process is available",
+    )
+}
+
+/// A function error: 502 `{"error", "errorType"}`; on the invoke API, 200 with the error
+/// document and `X-Amz-Function-Error: Unhandled`, as Lambda's Invoke answers.
+fn function_error(kind: Kind, err: &FunctionError) -> Outcome {
+    if kind != Kind::InvokeApi {
+        return Outcome::answered(result::error_reply(err));
+    }
+    let is_object =
+        serde_json::from_slice::<serde_json::Value>(&err.body).is_ok_and(|v| v.is_object());
+    let body = if is_object {
+        err.body.clone()
+    } else {
+        FunctionError::new(&err.error_type, err.message.clone()).body
+    };
+    let mut reply = Reply::with_type(StatusCode::OK, crate::response::JSON, body);
+    reply
+        .headers
+        .push((FUNCTION_ERROR, HeaderValue::from_static("Unhandled")));
+    Outcome::answered(reply)
+}
+
+/// How the start of an HTTP-integration stream read.
+enum PreludeRead {
+    Head { head: Reply, first: Bytes },
+    Invalid(String),
+    Error(FunctionError),
+}
+
+async fn read_prelude(chunks: &mut mpsc::Receiver<Chunk>) -> Result<PreludeRead, Failure> {
+    let mut start = BytesMut::new();
+    loop {
+        match chunks.recv().await {
+            Some(Chunk::Data(data)) => {
+                start.extend_from_slice(&data);
+                match result::split_prelude(&start) {
+                    Prelude::NeedMore => {}
+                    Prelude::Invalid(reason) => return Ok(PreludeRead::Invalid(reason)),
+                    Prelude::Head { reply, consumed } => {
+                        let first = start.split_off(consumed).freeze();
+                        return Ok(PreludeRead::Head { head: reply, first });
+                    }
+                }
+            }
+            Some(Chunk::End) => {
+                return Ok(PreludeRead::Invalid(
+                    "the streamed response ended before its prelude".into(),
+                ))
+            }
+            Some(Chunk::Failed(Some(err))) => return Ok(PreludeRead::Error(err)),
+            Some(Chunk::Failed(None)) | None => return Err(Failure::Truncated),
+        }
+    }
+}
+
+/// A whole streamed body, at most [`MAX_PAYLOAD`] bytes.
+async fn collect(
+    first: Bytes,
+    chunks: &mut mpsc::Receiver<Chunk>,
+    deadline: Instant,
+) -> Result<Bytes, Failure> {
+    let mut out = BytesMut::from(&first[..]);
+    let read = async {
+        loop {
+            match chunks.recv().await {
+                Some(Chunk::Data(data)) => {
+                    if out.len() + data.len() > MAX_PAYLOAD {
+                        return Err(Failure::TooLarge);
+                    }
+                    out.extend_from_slice(&data);
+                }
+                Some(Chunk::End) => return Ok(()),
+                Some(Chunk::Failed(_)) | None => return Err(Failure::Truncated),
+            }
+        }
+    };
+    match tokio::time::timeout_at(deadline, read).await {
+        Ok(Ok(())) => Ok(out.freeze()),
+        Ok(Err(failure)) => Err(failure),
+        Err(_elapsed) => Err(Failure::TimedOut),
+    }
+}
+
+/// `/2015-03-31/functions/<name>/invocations`.
+fn is_invoke_path(path: &str) -> bool {
+    path.strip_prefix("/2015-03-31/functions/")
+        .and_then(|rest| rest.strip_suffix("/invocations"))
+        .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+}
+
+/// The client's address: the first `X-Forwarded-For` entry when a proxy in front set one (the
+/// queue-proxy of Knative does), else the connection's peer.
+fn source_ip(headers: &HeaderMap, peer: SocketAddr) -> String {
+    headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| peer.ip().to_string())
+}
+
+/// `Lambda-Runtime-Trace-Id` in X-Ray's form, from the `traceparent` the invocation carries
+/// (the wrapper's span when tracing is on): `Root=1-<8 hex>-<24 hex>;Parent=<16 hex>;Sampled=<0|1>`.
+fn xray_trace_id(headers: &HeaderMap) -> Option<HeaderValue> {
+    let tp = headers.get(trace::TRACEPARENT)?.to_str().ok()?;
+    let parent = trace::parse_traceparent(tp)?;
+    let id = runr_base::fmt::hex(&parent.trace_id);
+    let value = format!(
+        "Root=1-{}-{};Parent={};Sampled={}",
+        &id[..8],
+        &id[8..],
+        runr_base::fmt::hex(&parent.span_id),
+        u8::from(parent.sampled)
+    );
+    HeaderValue::from_str(&value).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invoke_paths() {
+        assert!(is_invoke_path("/2015-03-31/functions/function/invocations"));
+        assert!(is_invoke_path("/2015-03-31/functions/orders/invocations"));
+        for no in [
+            "/2015-03-31/functions//invocations",
+            "/2015-03-31/functions/a/b/invocations",
+            "/2015-03-31/functions/function/invocation",
+            "/",
+        ] {
+            assert!(!is_invoke_path(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn source_ips() {
+        let peer: SocketAddr = "10.0.0.9:5555".parse().unwrap();
+        let mut h = HeaderMap::new();
+        assert_eq!(source_ip(&h, peer), "10.0.0.9");
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static(" 203.0.113.7 , 10.0.0.1"),
+        );
+        assert_eq!(source_ip(&h, peer), "203.0.113.7");
+        h.insert("x-forwarded-for", HeaderValue::from_static("garbage"));
+        assert_eq!(source_ip(&h, peer), "10.0.0.9");
+    }
+
+    #[test]
+    fn xray_ids_from_traceparents() {
+        let mut h = HeaderMap::new();
+        assert_eq!(xray_trace_id(&h), None);
+        h.insert(
+            trace::TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        assert_eq!(
+            xray_trace_id(&h).unwrap(),
+            "Root=1-4bf92f35-77b34da6a3ce929d0e0e4736;Parent=00f067aa0ba902b7;Sampled=1"
+        );
+    }
+
+    #[test]
+    fn invoke_api_errors_are_200_with_the_error_document() {
+        let err = result::parse_error(
+            None,
+            Bytes::from_static(br#"{"errorMessage":"boom","errorType":"E","stackTrace":[]}"#),
+        );
+        let o = function_error(Kind::InvokeApi, &err);
+        assert_eq!(o.reply.status, 200);
+        assert_eq!(o.reply.body, err.body);
+        assert!(o
+            .reply
+            .headers
+            .iter()
+            .any(|(n, v)| n == "x-amz-function-error" && v == "Unhandled"));
+        let o = function_error(Kind::Http, &err);
+        assert_eq!(o.reply.status, 502);
+    }
+}
