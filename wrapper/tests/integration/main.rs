@@ -6,6 +6,7 @@ mod admission;
 mod exec;
 mod headers;
 mod http_mode;
+mod lambda;
 mod lifecycle;
 mod logs;
 mod memory;
