@@ -169,11 +169,11 @@ fn accepted() -> ApiResponse {
 }
 
 /// Counts a `/next` as waiting until it is dropped (answered, or its connection went away).
-struct Waiting<'a>(&'a Slot);
+struct Waiting<'a>(&'a Slot, u64);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.next_done();
+        self.0.next_done(self.1);
     }
 }
 
@@ -182,9 +182,9 @@ async fn next(api: &Api) -> ApiResponse {
     let mut assigned = slot.subscribe();
     let event = match slot.next_begin() {
         Err(e) => return reject(&e),
-        Ok(Some(event)) => event,
-        Ok(None) => {
-            let _waiting = Waiting(slot);
+        Ok(Ok(event)) => event,
+        Ok(Err(generation)) => {
+            let _waiting = Waiting(slot, generation);
             loop {
                 if assigned.changed().await.is_err() {
                     return reject(&ApiError::invalid_transition("Stopped", "Ready"));

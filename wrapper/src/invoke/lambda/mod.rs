@@ -269,7 +269,7 @@ impl Lambda {
         let mapped = self.run(kind, &req, &ctx, trace_id, deadline).await;
         match mapped {
             Mapped::Whole(outcome) => {
-                finish(&req, outcome.clone(), arrived, started);
+                observe(&req, &outcome, arrived, started);
                 drop(hold);
                 Answer::Whole(outcome.reply)
             }
@@ -294,7 +294,7 @@ impl Lambda {
                         },
                         ended,
                     };
-                    finish(&req, outcome, arrived, started);
+                    observe(&req, &outcome, arrived, started);
                     drop(hold);
                 });
                 Answer::Streamed { head, body }
@@ -513,10 +513,21 @@ impl Lambda {
     }
 }
 
-/// Observes an invocation where it ended (a streamed one: where its body ended).
-fn finish(req: &Request, outcome: Outcome, arrived: Instant, started: Started) {
+/// Where a lambda-mode invocation completed (for a streamed answer: where its body ended): the
+/// same debug line as the other modes, then the observation hook.
+fn observe(req: &Request, outcome: &Outcome, arrived: Instant, started: Started) {
+    let elapsed = arrived.elapsed();
+    tracing::debug!(
+        id = %req.id,
+        method = %req.method,
+        path = %req.path,
+        status = outcome.reply.status.as_u16(),
+        ended = ?outcome.ended,
+        ms = elapsed.as_secs_f64() * 1000.0,
+        "invocation"
+    );
     let body = (&req.body[..], req.body.len() as u64);
-    super::finish(req, body, &outcome, arrived.elapsed(), started);
+    super::finish(req, body, outcome, elapsed, started);
 }
 
 fn unavailable() -> Outcome {

@@ -167,8 +167,11 @@ struct Busy {
 
 struct State {
     phase: Phase,
-    /// `/next` requests waiting for an invocation.
+    /// `/next` requests of the current process waiting for an invocation.
     waiting: usize,
+    /// Counts process starts, so that a `/next` of a process that is gone cannot change the
+    /// next process's count when it finally ends.
+    generation: u64,
     /// The id of the last invocation this runtime finished (a second answer for it is an
     /// invalid transition, not an unknown id).
     last_done: Option<Arc<str>>,
@@ -239,6 +242,7 @@ impl Slot {
             state: Mutex::new(State {
                 phase: Phase::Down,
                 waiting: 0,
+                generation: 0,
                 last_done: None,
             }),
             readiness,
@@ -275,6 +279,7 @@ impl Slot {
         let mut st = self.lock();
         st.last_done = None;
         st.waiting = 0;
+        st.generation += 1;
         self.set(&mut st, Phase::Starting);
     }
 
@@ -379,15 +384,16 @@ impl Slot {
     // === the Runtime API's side ===
 
     /// `GET /runtime/invocation/next`, first half: an invocation to re-send (asked again
-    /// before answering: the same event, as Lambda does), or registration as a waiter.
-    pub fn next_begin(&self) -> Result<Option<NextEvent>, ApiError> {
+    /// before answering: the same event, as Lambda does), or registration as a waiter of this
+    /// process (`Ok(Err(generation))`: pass it to [`Slot::next_done`]).
+    pub fn next_begin(&self) -> Result<Result<NextEvent, u64>, ApiError> {
         let mut st = self.lock();
         match &st.phase {
             Phase::Starting => self.set(&mut st, Phase::Ready),
             Phase::Ready => {}
             Phase::Busy(b) => {
                 return match b.answering {
-                    None => Ok(Some(next_event(b))),
+                    None => Ok(Ok(next_event(b))),
                     Some(state) => Err(ApiError::invalid_transition(state, READY)),
                 }
             }
@@ -395,9 +401,10 @@ impl Slot {
             Phase::Down => return Err(ApiError::invalid_transition(STOPPED, READY)),
         }
         st.waiting += 1;
+        let generation = st.generation;
         drop(st);
         self.poke.notify_one();
-        Ok(None)
+        Ok(Err(generation))
     }
 
     /// Subscribes to hand-overs; take it before [`Slot::next_begin`] so none is missed.
@@ -418,10 +425,13 @@ impl Slot {
         }
     }
 
-    /// A `/next` stopped waiting (answered, or its connection went away).
-    pub fn next_done(&self) {
+    /// A `/next` registered in `generation` stopped waiting (answered, or its connection
+    /// went away).
+    pub fn next_done(&self, generation: u64) {
         let mut st = self.lock();
-        st.waiting = st.waiting.saturating_sub(1);
+        if st.generation == generation {
+            st.waiting = st.waiting.saturating_sub(1);
+        }
     }
 
     /// `/invocation/{id}/response` or `/error` begins: the client's reply channel when `id` is
@@ -537,7 +547,10 @@ mod tests {
         slot.started();
         assert_eq!(slot.state_name(), "Started");
         assert!(!readiness.any());
-        assert_eq!(slot.next_begin().unwrap().map(|e| e.id), None);
+        assert!(
+            slot.next_begin().unwrap().is_err(),
+            "registered as a waiter"
+        );
         assert!(readiness.any(), "the first /next makes the runtime ready");
         (slot, readiness)
     }
@@ -553,11 +566,13 @@ mod tests {
         assigned.borrow_and_update();
         let event = slot.next_poll().unwrap().unwrap();
         assert_eq!(&*event.id, "id-1");
-        slot.next_done();
+        slot.next_done(1);
         assert_eq!(slot.state_name(), "Running");
         assert!(!slot.view().wants_job);
         // Asked again before answering: the same event.
         assert_eq!(&*slot.next_begin().unwrap().unwrap().id, "id-1");
+        // A waiter of an earlier process ending late changes nothing.
+        slot.next_done(0);
 
         assert_eq!(
             slot.answer_begin("other", false).unwrap_err(),
@@ -610,6 +625,19 @@ mod tests {
         let slot = Slot::new(0, readiness);
         slot.started();
         assert_eq!(slot.exited(2), Exited::DuringInit);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_of_a_gone_process_does_not_count_for_the_next() {
+        let (slot, _) = ready_slot();
+        slot.exited(1);
+        slot.started();
+        let generation = slot.next_begin().unwrap().unwrap_err();
+        assert_eq!(generation, 2);
+        slot.next_done(1);
+        assert!(slot.view().wants_job, "the new process's /next still waits");
+        slot.next_done(2);
+        assert!(!slot.view().wants_job);
     }
 
     #[tokio::test]
