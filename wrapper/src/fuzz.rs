@@ -185,6 +185,148 @@ impl tokio::io::AsyncBufRead for Pieces<'_> {
     }
 }
 
+/// lambda mode: what a runtime sends on the Runtime API, and what a client's request becomes.
+pub mod lambda {
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderValue};
+    use serde_json::Value;
+
+    use crate::config::Trigger;
+    use crate::envelope::Request;
+    use crate::invoke::lambda::{api, events, result};
+
+    /// Runtime API bodies and result mapping: an error body (with an error-type header taken
+    /// from the input), the result as every trigger maps it, the HTTP-integration prelude read
+    /// from every prefix (it must agree with the whole), error trailers, and routes. Any bytes
+    /// give a well-formed answer.
+    pub fn runtime_api(data: &[u8]) {
+        let split = data.iter().position(|&b| b == b'\n').unwrap_or(0);
+        let (head, body) = data.split_at(split);
+        let header_type = std::str::from_utf8(head).ok();
+        let body = Bytes::copy_from_slice(body);
+
+        let err = result::parse_error(header_type, body.clone());
+        let reply = result::error_reply(&err);
+        assert_eq!(reply.status, 502);
+        let doc: Value = serde_json::from_slice(&reply.body).expect("error answers are JSON");
+        assert!(doc["error"].is_string() && doc["errorType"].is_string());
+
+        for reply in [
+            result::http_reply(&body),
+            result::queue_reply(&body, "message-id"),
+            result::plain_reply(&body, None),
+        ] {
+            assert!((100..=999).contains(&reply.status.as_u16()));
+        }
+        let http = result::http_reply(&body);
+        match serde_json::from_slice::<Value>(body.trim_ascii()) {
+            Err(_) => assert_eq!(http.status, 502),
+            Ok(Value::Object(map)) if map.contains_key("statusCode") => {}
+            Ok(_) => {
+                assert_eq!(http.status, 200);
+                assert_eq!(&http.body[..], body.trim_ascii());
+            }
+        }
+
+        // Read as it would arrive, one prefix at a time: before the delimiter nothing is
+        // decided, after it the same head as the whole gives.
+        let start = &body[..body.len().min(result::MAX_PRELUDE + 64)];
+        let whole = result::split_prelude(start);
+        if let result::Prelude::Head { consumed, .. } = &whole {
+            for end in (0..=start.len()).step_by(start.len() / 16 + 1) {
+                let part = result::split_prelude(&start[..end]);
+                if end < *consumed {
+                    assert_eq!(part, result::Prelude::NeedMore, "prefix of {end}");
+                } else {
+                    assert_eq!(part, whole, "prefix of {end}");
+                }
+            }
+        }
+
+        let mut trailers = HeaderMap::new();
+        if let (Ok(t), Ok(b)) = (
+            HeaderValue::from_bytes(head),
+            HeaderValue::from_bytes(&body),
+        ) {
+            trailers.insert(result::ERROR_TYPE_TRAILER, t);
+            trailers.insert(result::ERROR_BODY_TRAILER, b);
+            let _ = result::trailer_error(&trailers);
+        }
+        if let Ok(path) = std::str::from_utf8(data) {
+            let _ = api::route(path);
+        }
+    }
+
+    /// Requests → events: any target, header value and body give valid JSON events of the
+    /// right shape, and an HTTP event's body decodes back to the request's bytes.
+    pub fn events(data: &[u8]) {
+        let mut parts = data.splitn(3, |&b| b == 0);
+        let target = String::from_utf8_lossy(parts.next().unwrap_or_default());
+        let value = parts.next().unwrap_or_default();
+        let body = Bytes::copy_from_slice(parts.next().unwrap_or_default());
+        let target = format!("/{}", target.trim_start_matches('/'));
+
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            for name in [
+                "cookie",
+                "host",
+                "user-agent",
+                "x-any",
+                "x-any",
+                "ce-id",
+                "ce-time",
+                "ce-source",
+            ] {
+                headers.append(name, v.clone());
+            }
+        }
+        let now = std::time::SystemTime::now();
+        let req = Request::new(
+            Trigger::Http,
+            "POST",
+            &target,
+            headers.clone(),
+            body.clone(),
+        );
+        let ctx = events::HttpContext {
+            source_ip: "127.0.0.1",
+            protocol: "HTTP/1.1",
+            now,
+        };
+        let event: Value = serde_json::from_slice(&events::http_event(&req, &ctx)).expect("JSON");
+        assert_eq!(event["version"], "2.0");
+        let sent = match (event["body"].as_str(), event["isBase64Encoded"].as_bool()) {
+            (None, _) => Vec::new(),
+            (Some(b), Some(true)) => {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .expect("base64")
+            }
+            (Some(b), _) => b.as_bytes().to_vec(),
+        };
+        assert_eq!(sent, &body[..]);
+
+        let queued = Request::new(
+            Trigger::Queue,
+            "POST",
+            &target,
+            headers.clone(),
+            body.clone(),
+        );
+        let (sqs, id) = events::sqs_event(&queued, "runr", now);
+        let sqs: Value = serde_json::from_slice(&sqs).expect("JSON");
+        assert_eq!(sqs["Records"][0]["messageId"].as_str(), Some(id.as_str()));
+        let tick = Request::new(Trigger::Schedule, "POST", &target, headers, body);
+        let _: Value =
+            serde_json::from_slice(&events::schedule_event(&tick, "runr", now)).expect("JSON");
+        if let Ok(text) = std::str::from_utf8(value) {
+            let _ = events::parse_rfc3339_millis(text);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +341,15 @@ mod tests {
         line_reader(b"\x43ab\ncdefghij\nk");
         line_reader(b"\x04abcde\n");
         line_reader(b"");
+        lambda::runtime_api(
+            b"ValueError\n{\"errorMessage\":\"boom\",\"errorType\":\"ValueError\"}",
+        );
+        lambda::runtime_api(b"\n{\"statusCode\":201,\"cookies\":[\"a=1\"],\"body\":\"/wD+\",\"isBase64Encoded\":true}");
+        lambda::runtime_api(b"x\n{\"statusCode\":200}\0\0\0\0\0\0\0\0chunk");
+        lambda::runtime_api(b"\n\"Hello from Lambda!\"");
+        lambda::runtime_api(b"");
+        lambda::events(b"orders/a%20b?x=1&x=2\0c1=v1; c2=v2\0hello");
+        lambda::events(b"bin\0\0\xff\x00\xfe");
+        lambda::events(b"");
     }
 }
