@@ -373,7 +373,7 @@ impl Lambda {
         }
         let (tx, rx) = oneshot::channel();
         let job = Job {
-            id: Arc::from(runr_base::fmt::uuid_v4()),
+            id: request_id(),
             event: Bytes::from(event),
             deadline,
             deadline_ms: runr_base::fmt::unix_millis(
@@ -619,6 +619,35 @@ async fn collect(
     }
 }
 
+/// A fresh `Lambda-Runtime-Aws-Request-Id`, UUID-shaped (version 4, RFC 9562 variant): a random
+/// per-process value with a counter folded in, so ids never repeat within the process and an
+/// invocation costs no system call for randomness.
+fn request_id() -> Arc<str> {
+    static BASE: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut b = *BASE.get_or_init(|| {
+        let mut b = [0u8; 16];
+        runr_base::fmt::random_bytes(&mut b);
+        b
+    });
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The counter goes into the last six bytes, which the version and variant bits leave alone.
+    for (byte, c) in b[10..].iter_mut().zip(&n.to_be_bytes()[2..]) {
+        *byte ^= c;
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = runr_base::fmt::hex(&b);
+    Arc::from(format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
 /// `/2015-03-31/functions/<name>/invocations`.
 fn is_invoke_path(path: &str) -> bool {
     path.strip_prefix("/2015-03-31/functions/")
@@ -658,6 +687,24 @@ fn xray_trace_id(headers: &HeaderMap) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_uuid_shaped_and_unique() {
+        let ids: std::collections::HashSet<Arc<str>> = (0..10_000).map(|_| request_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        for id in ids.iter().take(50) {
+            let parts: Vec<&str> = id.split('-').collect();
+            assert_eq!(
+                parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+                [8, 4, 4, 4, 12]
+            );
+            assert!(parts[2].starts_with('4'), "{id}");
+            assert!(
+                matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'),
+                "{id}"
+            );
+        }
+    }
 
     #[test]
     fn invoke_paths() {
