@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# runr-wrapper benchmark, loopback only, about 1.5 minutes. Prints one table, side by side:
+# runr-wrapper benchmark, loopback only, about 2 minutes. Prints one table, side by side:
 #   exec mode with `cat` (RUNR_INPUT=raw) | persistent mode with a compiled echo worker |
-#   the same echo served by bare hyper (no wrapper)
+#   lambda mode with a compiled lambda_runtime echo function (wrapper/tests/fixtures/lambda-rust)
+#   | the same echo served by bare hyper (no wrapper)
 # at concurrency 1, 8 and 64 (wrk, 100-byte POSTs): req/s, p50/p99 latency, CPU per request
-# (the server's process tree: wrapper + reaped children + live workers); then exec mode's CPU
+# (the server's process tree: wrapper + reaped children + live workers, and the wrapper
+# process alone); lambda mode's req/s against persistent mode's (target: >= 0.8x); then exec mode's CPU
 # per request against two floors in C (posix_spawn+pipe+wait of `cat`: bench/spawn_floor.c;
 # fork+execve+waitpid of `cat`: bench/fork_exec_cat.c), the peak RSS of 64 concurrent 9 MiB
 # requests in both input modes (and with RUNR_MAX_INFLIGHT=8), idle RSS, stripped static binary
@@ -29,6 +31,10 @@ echo "building (release, $TARGET) ..." >&2
 cargo build --quiet --release --target "$TARGET" -p runr-wrapper --bin runr-wrapper --example bare_echo
 BIN=target/$TARGET/release/runr-wrapper
 BARE=target/$TARGET/release/examples/bare_echo
+# The Lambda function the tests use, built the same way (its own workspace and lock file).
+cargo build --quiet --release --locked --manifest-path wrapper/tests/fixtures/lambda-rust/Cargo.toml \
+  --target-dir target/tmp/lambda-rust
+LAMBDA_FN=$PWD/target/tmp/lambda-rust/release/lambda-rust-fixture
 cc -O2 -o "$OUT/echo_worker" examples/c/echo_worker.c
 cc -O2 -o "$OUT/spawn_floor" bench/spawn_floor.c
 cc -O2 -o "$OUT/fork_exec_cat" bench/fork_exec_cat.c
@@ -59,6 +65,11 @@ tree_ticks() {
   echo "$total"
 }
 
+# CPU ticks of the process itself (utime + stime), children left out.
+self_ticks() {
+  awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$1/stat"
+}
+
 wait_port() {
   for _ in $(seq 400); do
     curl -s -o /dev/null -X POST -d x "http://127.0.0.1:$1/" && return 0
@@ -68,22 +79,25 @@ wait_port() {
   return 1
 }
 
-declare -A RPS P50 P99 CPU
+declare -A RPS P50 P99 CPU SELF
 run() { # name port pid
   local name=$1 port=$2 pid=$3 c
   wait_port "$port"
   wrk -t1 -c8 -d1s -s "$OUT/post.lua" "http://127.0.0.1:$port/" >/dev/null # warm-up
   for c in 1 8 64; do
-    local before after line
+    local before after line self_before self_after
     before=$(tree_ticks "$pid")
+    self_before=$(self_ticks "$pid")
     line=$(wrk -t1 -c"$c" -d"${DURATION}s" -s "$OUT/post.lua" "http://127.0.0.1:$port/" | grep '^RESULT')
     after=$(tree_ticks "$pid")
+    self_after=$(self_ticks "$pid")
     read -r _ reqs dur p50 p99 errs <<<"$line"
     [ "$errs" = 0 ] || echo "warning: $name c$c had $errs errors" >&2
     RPS[$name,$c]=$(awk -v r="$reqs" -v d="$dur" 'BEGIN { printf "%.0f", r / (d / 1e6) }')
     P50[$name,$c]=$p50
     P99[$name,$c]=$p99
     CPU[$name,$c]=$(awk -v t=$((after - before)) -v r="$reqs" -v k="$clk" 'BEGIN { printf "%.1f", t / k / r * 1e6 }')
+    SELF[$name,$c]=$(awk -v t=$((self_after - self_before)) -v r="$reqs" -v k="$clk" 'BEGIN { printf "%.1f", t / k / r * 1e6 }')
   done
 }
 
@@ -110,6 +124,13 @@ p=$(free_port)
 start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BIN"
 pid=$PID
 run persistent "$p" "$pid"
+kill "$pid"; wait "$pid" || true
+
+echo "lambda mode ..." >&2
+p=$(free_port)
+start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=lambda RUNR_WORKERS="$WORKERS" RUNR_HANDLER=echo RUNR_COMMAND="$LAMBDA_FN" "$BIN"
+pid=$PID
+run lambda "$p" "$pid"
 kill "$pid"; wait "$pid" || true
 
 echo "bare hyper echo ..." >&2
@@ -172,12 +193,12 @@ FIRST_PROBE=$(first_answer 1)
 ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
 echo
 echo "runr-wrapper benchmark  $(date -u +%FT%TZ)  $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "wrk ${DURATION}s per cell, 100-byte POSTs; persistent: $WORKERS workers (C echo); exec: cat (RUNR_INPUT=raw)"
-printf '\n%-12s %4s %10s %9s %9s %12s\n' mode conc req/s p50_ms p99_ms cpu_us/req
-for name in exec persistent bare; do
+echo "wrk ${DURATION}s per cell, 100-byte POSTs; persistent: $WORKERS workers (C echo); lambda: $WORKERS runtimes (lambda_runtime echo); exec: cat (RUNR_INPUT=raw)"
+printf '\n%-12s %4s %10s %9s %9s %12s %15s\n' mode conc req/s p50_ms p99_ms cpu_us/req wrapper_us/req
+for name in exec persistent lambda bare; do
   for c in 1 8 64; do
-    printf '%-12s %4s %10s %9s %9s %12s\n' "$name" "$c" "${RPS[$name,$c]}" "$(ms "${P50[$name,$c]}")" \
-      "$(ms "${P99[$name,$c]}")" "${CPU[$name,$c]}"
+    printf '%-12s %4s %10s %9s %9s %12s %15s\n' "$name" "$c" "${RPS[$name,$c]}" "$(ms "${P50[$name,$c]}")" \
+      "$(ms "${P99[$name,$c]}")" "${CPU[$name,$c]}" "${SELF[$name,$c]}"
   done
 done
 echo
@@ -197,6 +218,10 @@ done
 for c in 1 8 64; do
   awk -v p="${P50[persistent,$c]}" -v b="${P50[bare,$c]}" -v pr="${RPS[persistent,$c]}" -v br="${RPS[bare,$c]}" -v c="$c" \
     'BEGIN { printf "persistent c%-2s: +%d us p50 over bare, %.2fx of bare req/s\n", c, p - b, pr / br }'
+done
+for c in 1 8 64; do
+  awk -v l="${RPS[lambda,$c]}" -v p="${RPS[persistent,$c]}" -v c="$c" \
+    'BEGIN { printf "lambda c%-2s: %.2fx of persistent req/s (target >= 0.80)\n", c, l / p }'
 done
 printf 'idle RSS: %s KiB (peak under load: %s KiB)\n' "$IDLE_RSS" "$LOADED_RSS"
 printf 'binary: %s bytes stripped (%s MiB), %s\n' "$SIZE" "$(awk -v s="$SIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$STATIC"
