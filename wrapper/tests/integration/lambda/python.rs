@@ -373,6 +373,47 @@ fn queue_messages_arrive_as_sqs_records_and_batch_item_failures_are_not_acknowle
 }
 
 #[test]
+fn concurrent_queue_messages_each_get_their_own_answer() {
+    let f = app(&[("RUNR_TRIGGER", "queue"), ("RUNR_WORKERS", "3")]);
+    let addr = f.addr();
+    let handles: Vec<_> = (0..12)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                for i in 0..5 {
+                    let id = format!("1728561234567-{t}-{i}");
+                    let fail = (t + i) % 4 == 0;
+                    let body = json!({"item": t * 100 + i, "fail": fail}).to_string();
+                    let headers = [
+                        ("ce-specversion", "1.0"),
+                        ("ce-id", id.as_str()),
+                        ("ce-type", "dev.runr.queue.message"),
+                        ("ce-source", "/redisstream/orders/orders-api"),
+                        ("content-type", "application/json"),
+                    ];
+                    let r = conn.send("POST", "/", &headers, Body::Sized(body.as_bytes()));
+                    if fail {
+                        assert_eq!(r.status, 500, "{}", r.text());
+                        assert_eq!(
+                            r.error(),
+                            format!("the function reported message {id} as failed")
+                        );
+                    } else {
+                        assert_eq!(r.status, 200, "{}", r.text());
+                        let got = r.json();
+                        assert_eq!(got["messageId"], id.as_str());
+                        assert_eq!(got["body"]["item"], t * 100 + i);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
 fn the_schedule_one_shot_sends_an_eventbridge_scheduled_event() {
     require_python("aws_lambda_powertools");
     let root = tempfile::tempdir().unwrap();

@@ -94,6 +94,35 @@ fn a_streamed_response_reaches_the_client_as_it_is_written() {
 }
 
 #[test]
+fn many_concurrent_streams_over_four_runtimes_every_answer_exact() {
+    let f = rust("stream", &[("RUNR_WORKERS", "4")]);
+    f.wait_runtimes(4);
+    let addr = f.addr();
+    let handles: Vec<_> = (0..16)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for round in 0..3 {
+                    let n = 20 + t * 3 + round;
+                    let mut s = Stream::get(addr, &format!("/stream?chunks={n}"));
+                    assert_eq!(s.status, 201);
+                    assert_eq!(s.header("content-type"), ["text/plain"]);
+                    assert_eq!(s.header("x-streamed"), ["yes"]);
+                    let mut body = Vec::new();
+                    while let Some(chunk) = s.chunk().unwrap() {
+                        body.extend_from_slice(&chunk);
+                    }
+                    let want: String = (0..n).map(|i| format!("chunk {i}\n")).collect();
+                    assert_eq!(String::from_utf8(body).unwrap(), want);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
 fn many_clients_over_four_runtimes_every_answer_exact() {
     let f = rust("echo", &[("RUNR_WORKERS", "4")]);
     f.wait_runtimes(4);
