@@ -58,10 +58,18 @@ pub struct Shared {
     /// The invocations waiting for a runtime; a slot's supervisor takes one when its runtime
     /// asks.
     queue: Mutex<mpsc::UnboundedReceiver<Job>>,
+    /// Where an invocation a runtime never saw goes back to.
+    requeue: mpsc::UnboundedSender<Job>,
     readiness: Arc<Readiness>,
 }
 
 impl Shared {
+    /// Queues `job` again (at the end: it keeps its deadline).
+    pub fn requeue(&self, job: Job) {
+        // The receiver lives as long as `self`.
+        let _ = self.requeue.send(job);
+    }
+
     /// A runtime failed to initialise: when no runtime is ready, the invocations waiting are
     /// answered with that error (as Lambda answers the invocation whose init failed) instead
     /// of waiting for their timeout; new ones wait for the restart.
@@ -158,6 +166,7 @@ impl Lambda {
         let readiness = Arc::new(Readiness::default());
         let shared = Arc::new(Shared {
             queue: Mutex::new(rx),
+            requeue: tx.clone(),
             readiness: readiness.clone(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -179,15 +179,20 @@ async fn supervise(
         tokio::select! {
             exit = proc.wait() => {
                 tracing::warn!(slot = slot.index, status = exit.code(), "runtime exited");
-                if slot.exited(exit.code()) == Exited::DuringInit {
-                    let err = FunctionError::new(
-                        "Runtime.ExitError",
-                        format!(
-                            "the runtime exited with status {} before asking for an invocation",
-                            exit.code()
-                        ),
-                    );
-                    shared.init_failed(&err);
+                match slot.exited(exit.code()) {
+                    Exited::DuringInit => {
+                        let err = FunctionError::new(
+                            "Runtime.ExitError",
+                            format!(
+                                "the runtime exited with status {} before asking for an invocation",
+                                exit.code()
+                            ),
+                        );
+                        shared.init_failed(&err);
+                    }
+                    // Never seen by the runtime that exited: another one takes it.
+                    Exited::Undelivered(job) => shared.requeue(job),
+                    Exited::Otherwise => {}
                 }
                 return served;
             }

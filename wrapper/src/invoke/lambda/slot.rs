@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::result::FunctionError;
 
 /// One invocation waiting for (or handed to) a runtime.
+#[derive(Debug)]
 pub struct Job {
     /// `Lambda-Runtime-Aws-Request-Id`: a UUID per invocation.
     pub id: Arc<str>,
@@ -163,6 +164,9 @@ struct Busy {
     answering: Option<&'static str>,
     /// The supervisor killed the runtime for the timeout.
     timed_out: bool,
+    /// A `/next` answered with it: from then on the runtime has it (before, a runtime that
+    /// exits has not seen it, and it goes back to the queue).
+    delivered: bool,
 }
 
 struct State {
@@ -213,13 +217,27 @@ pub struct View {
 }
 
 /// What the runtime was doing when it exited.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Exited {
     /// It never asked for an invocation: an init failure.
     DuringInit,
+    /// It had been handed an invocation that no `/next` had answered with yet: the job, for
+    /// another runtime.
+    Undelivered(Job),
     /// Anything else (idle, after an init error, or mid-invocation: that invocation has been
     /// answered with [`Failure::Exited`] here).
     Otherwise,
+}
+
+impl PartialEq for Exited {
+    fn eq(&self, other: &Exited) -> bool {
+        matches!(
+            (self, other),
+            (Exited::DuringInit, Exited::DuringInit)
+                | (Exited::Otherwise, Exited::Otherwise)
+                | (Exited::Undelivered(_), Exited::Undelivered(_))
+        )
+    }
 }
 
 /// One runtime slot.
@@ -334,6 +352,7 @@ impl Slot {
                 reply: Some(job.reply),
                 answering: None,
                 timed_out: false,
+                delivered: false,
             }),
         );
         drop(st);
@@ -370,6 +389,19 @@ impl Slot {
         // Waiting `/next`s (of the dead process) see `Down` and end.
         self.assigned.send_modify(|n| *n = n.wrapping_add(1));
         match old {
+            Phase::Busy(b) if !b.delivered && !b.timed_out && b.answering.is_none() => {
+                match b.reply {
+                    Some(reply) => Exited::Undelivered(Job {
+                        id: b.id,
+                        event: b.event,
+                        deadline: b.deadline,
+                        deadline_ms: b.deadline_ms,
+                        trace_id: b.trace_id,
+                        reply,
+                    }),
+                    None => Exited::Otherwise,
+                }
+            }
             Phase::Busy(b) => {
                 if let Some(reply) = b.reply {
                     let _ = reply.send(Delivery::Failed(Failure::Exited(status)));
@@ -388,7 +420,7 @@ impl Slot {
     /// process (`Ok(Err(generation))`: pass it to [`Slot::next_done`]).
     pub fn next_begin(&self) -> Result<Result<NextEvent, u64>, ApiError> {
         let mut st = self.lock();
-        match &st.phase {
+        match &mut st.phase {
             Phase::Starting => self.set(&mut st, Phase::Ready),
             Phase::Ready => {}
             Phase::Busy(b) => {
@@ -415,8 +447,8 @@ impl Slot {
     /// `/next`, second half (after a hand-over or an exit): the event if there is one to send.
     /// `Err` when the runtime went away meanwhile.
     pub fn next_poll(&self) -> Result<Option<NextEvent>, ApiError> {
-        let st = self.lock();
-        match &st.phase {
+        let mut st = self.lock();
+        match &mut st.phase {
             Phase::Busy(b) if b.answering.is_none() => Ok(Some(next_event(b))),
             Phase::Ready | Phase::Busy(_) => Ok(None),
             Phase::Down | Phase::Starting | Phase::InitFailed(_) => {
@@ -514,7 +546,9 @@ fn is_ready(phase: &Phase) -> bool {
     matches!(phase, Phase::Ready | Phase::Busy(_))
 }
 
-fn next_event(b: &Busy) -> NextEvent {
+/// The event of `b`, which counts as delivered from now on.
+fn next_event(b: &mut Busy) -> NextEvent {
+    b.delivered = true;
     NextEvent {
         id: b.id.clone(),
         event: b.event.clone(),
@@ -641,10 +675,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_invocation_its_runtime_never_saw_goes_back_with_its_client() {
+        let (slot, _) = ready_slot();
+        let (j, mut rx) = job("id-1", Duration::from_secs(60));
+        assert!(slot.assign(j));
+        let Exited::Undelivered(job) = slot.exited(3) else {
+            panic!("the job was not handed back");
+        };
+        assert_eq!(&*job.id, "id-1");
+        assert!(rx.try_recv().is_err(), "its client still waits");
+        drop(job);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
     async fn an_exit_mid_invocation_answers_it() {
         let (slot, _) = ready_slot();
         let (j, mut rx) = job("id-1", Duration::from_secs(60));
         assert!(slot.assign(j));
+        assert!(slot.next_poll().unwrap().is_some(), "delivered");
         slot.exited(3);
         assert!(matches!(
             rx.try_recv(),
