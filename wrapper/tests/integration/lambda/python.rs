@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::support::{awslambdaric, require_python, Function};
 use super::{bodies, fixture};
-use crate::observed_support::{access_lines, finish};
+use crate::observed_support::{access_lines, finish, replay_lines};
 use crate::support::{alive, bin, Body, Conn, RespExt};
 
 fn app(vars: &[(&str, &str)]) -> Function {
@@ -512,6 +512,41 @@ fn with_tracing_the_runtime_gets_an_xray_trace_id_under_the_wrappers_span() {
             "Root=1-4bf92f35-77b34da6a3ce929d0e0e4736;Parent={};Sampled=1",
             line.span_id
         )
+    );
+}
+
+#[test]
+fn failed_invocations_are_captured_for_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("replay.jsonl");
+    let f = app(&[
+        ("RUNR_REPLAY", "1"),
+        ("RUNR_REPLAY_FILE", file.to_str().unwrap()),
+    ]);
+    assert_eq!(f.get("/fine").status, 200);
+    let r = f.send(
+        "POST",
+        "/error?why=replayed",
+        &[("Authorization", "Bearer s3cret")],
+        b"the body",
+    );
+    assert_eq!(r.status, 502);
+    assert_eq!(f.get("/exit").status, 502);
+    let lines = replay_lines(&file, 2);
+    assert_eq!(lines.len(), 2, "only the failures: {lines:?}");
+    let e = &lines[0];
+    assert_eq!(
+        (&e["method"], &e["path"], &e["query"]),
+        (&json!("POST"), &json!("/error"), &json!("why=replayed"))
+    );
+    assert_eq!(
+        (&e["body"], &e["status"], &e["failure"]),
+        (&json!("the body"), &json!(502), &json!("status"))
+    );
+    assert_eq!(e["headers"]["authorization"], "[redacted]");
+    assert_eq!(
+        (&lines[1]["path"], &lines[1]["failure"]),
+        (&json!("/exit"), &json!("crash"))
     );
 }
 
