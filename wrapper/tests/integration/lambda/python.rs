@@ -324,6 +324,47 @@ fn many_clients_over_four_runtimes_every_answer_exact() {
     assert!(busy.len() >= 2, "only runtimes {busy:?} answered");
 }
 
+/// Admission control in lambda mode: one invocation per runtime at once, `RUNR_MAX_QUEUE` in
+/// line, the rest 503 `overloaded` at once.
+#[test]
+fn two_runtimes_three_in_line_the_rest_503_overloaded() {
+    let gate = crate::support::Gate::new();
+    let (gate_var, gate_path) = gate.var();
+    let f = app(&[
+        ("RUNR_WORKERS", "2"),
+        ("RUNR_MAX_QUEUE", "3"),
+        ("RUNR_TIMEOUT", "300"),
+        (&gate_var, &gate_path),
+    ]);
+    f.wait_runtimes(2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..12 {
+        let (addr, tx) = (f.addr(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(Conn::open(addr).send("GET", "/gate", &[], Body::None));
+        });
+    }
+    let refused: Vec<_> = (0..7)
+        .map(|_| rx.recv_timeout(Duration::from_secs(60)).expect("a refusal"))
+        .collect();
+    for r in &refused {
+        assert_eq!(
+            (r.status, r.header("retry-after")),
+            (503, Some("1")),
+            "{}",
+            r.text()
+        );
+        assert_eq!(r.body, br#"{"error":"overloaded"}"#);
+    }
+    gate.open();
+    for _ in 0..5 {
+        let r = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("an answer");
+        assert_eq!((r.status, r.text().as_str()), (200, "through the gate"));
+    }
+}
+
 #[test]
 fn queue_messages_arrive_as_sqs_records_and_batch_item_failures_are_not_acknowledged() {
     let f = app(&[("RUNR_TRIGGER", "queue"), ("RUNR_REGION", "eu-west-1")]);
