@@ -44,7 +44,7 @@ use crate::observe::trace;
 use crate::response::{Reply, OCTETS};
 use api::Api;
 use result::{FunctionError, Prelude};
-use slot::{Chunk, Delivery, Failure, Job, Readiness, Slot, Streamed};
+use slot::{Chunk, Delivery, Failure, Hold, Job, Readiness, Slot, Streamed};
 pub use stream::StreamedBody;
 
 /// Largest event and largest buffered response, as Lambda's synchronous invocations.
@@ -241,8 +241,8 @@ impl Lambda {
     }
 
     /// One HTTP request (its body read, `started` its span), answered as a whole or streamed
-    /// by `deadline`; observed (access line, span, replay) when it ends, and `hold` (the
-    /// server's admission slot) kept until then.
+    /// by `deadline`; observed (access line, span, replay) when it ends. `hold` (the server's
+    /// admission slot) is kept while the invocation occupies a runtime.
     pub async fn respond(
         &self,
         req: Arc<Request>,
@@ -275,11 +275,11 @@ impl Lambda {
             protocol,
             now: when,
         };
-        let mapped = self.run(kind, &req, &ctx, trace_id, deadline).await;
+        let hold = Hold::new(hold);
+        let mapped = self.run(kind, &req, &ctx, trace_id, deadline, hold).await;
         match mapped {
             Mapped::Whole(outcome) => {
                 observe(&req, &outcome, arrived, started);
-                drop(hold);
                 Answer::Whole(outcome.reply)
             }
             Mapped::Streamed {
@@ -291,9 +291,10 @@ impl Lambda {
                 let status = head.status;
                 let body = StreamedBody::new(first, chunks, deadline, move |end| {
                     let ended = match end {
-                        stream::End::Complete => Ended::Answered,
+                        // The function answered; the client left before the end.
+                        stream::End::Complete | stream::End::ClientGone => Ended::Answered,
                         stream::End::TimedOut => Ended::TimedOut,
-                        stream::End::Failed | stream::End::ClientGone => Ended::WorkerExited,
+                        stream::End::Failed => Ended::WorkerExited,
                     };
                     let outcome = Outcome {
                         reply: Reply {
@@ -304,7 +305,6 @@ impl Lambda {
                         ended,
                     };
                     observe(&req, &outcome, arrived, started);
-                    drop(hold);
                 });
                 Answer::Streamed { head, body }
             }
@@ -320,7 +320,10 @@ impl Lambda {
             protocol: "HTTP/1.1",
             now: SystemTime::now(),
         };
-        match self.run(kind, req, &ctx, None, deadline).await {
+        match self
+            .run(kind, req, &ctx, None, deadline, Hold::new(()))
+            .await
+        {
             Mapped::Whole(outcome) => outcome,
             Mapped::Streamed {
                 head,
@@ -363,6 +366,7 @@ impl Lambda {
         ctx: &events::HttpContext<'_>,
         trace_id: Option<HeaderValue>,
         deadline: Instant,
+        hold: Hold,
     ) -> Mapped {
         let (event, message_id) = match kind {
             Kind::Http => (events::http_event(req, ctx), String::new()),
@@ -390,6 +394,7 @@ impl Lambda {
             ),
             trace_id,
             reply: tx,
+            hold,
         };
         if self.queue.send(job).is_err() {
             return Mapped::Whole(unavailable());

@@ -37,6 +37,31 @@ pub struct Job {
     pub trace_id: Option<HeaderValue>,
     /// Where the runtime's answer goes.
     pub reply: oneshot::Sender<Delivery>,
+    /// Held until a runtime is done with the invocation (the server's admission slot).
+    pub hold: Hold,
+}
+
+/// Something kept alive while an invocation occupies a runtime: the server's admission slot,
+/// so that the server admits exactly as many invocations as there are runtimes, however a
+/// client's answer ends (a client that leaves a stream early frees nothing while the runtime
+/// still writes it).
+pub struct Hold {
+    _held: Box<dyn Send>,
+}
+
+impl Hold {
+    /// Keeps `value` until the invocation leaves its runtime.
+    pub fn new(value: impl Send + 'static) -> Hold {
+        Hold {
+            _held: Box::new(value),
+        }
+    }
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hold")
+    }
 }
 
 /// What became of an invocation, as the waiting client learns it.
@@ -160,6 +185,8 @@ struct Busy {
     trace_id: Option<HeaderValue>,
     /// Taken when the runtime starts answering.
     reply: Option<oneshot::Sender<Delivery>>,
+    /// Dropped with this state: when the runtime is done with the invocation.
+    hold: Hold,
     /// Which answer is under way, once one is (`/response` or `/error`).
     answering: Option<&'static str>,
     /// The supervisor killed the runtime for the timeout.
@@ -350,6 +377,7 @@ impl Slot {
                 deadline_ms: job.deadline_ms,
                 trace_id: job.trace_id,
                 reply: Some(job.reply),
+                hold: job.hold,
                 answering: None,
                 timed_out: false,
                 delivered: false,
@@ -398,6 +426,7 @@ impl Slot {
                         deadline_ms: b.deadline_ms,
                         trace_id: b.trace_id,
                         reply,
+                        hold: b.hold,
                     }),
                     None => Exited::Otherwise,
                 }
@@ -571,6 +600,7 @@ mod tests {
             deadline_ms: 1,
             trace_id: None,
             reply: tx,
+            hold: Hold::new(()),
         };
         (job, rx)
     }
@@ -720,6 +750,32 @@ mod tests {
         assert!(!slot.time_out(), "once");
         assert_eq!(slot.view().deadline, None);
         assert_eq!(slot.answer_begin("id-1", false).unwrap_err().status, 403);
+    }
+
+    #[tokio::test]
+    async fn the_hold_is_released_when_the_runtime_is_done_not_before() {
+        let (slot, _) = ready_slot();
+        let (tx, _rx) = oneshot::channel();
+        let held = Arc::new(());
+        let job = Job {
+            id: Arc::from("id-1"),
+            event: Bytes::new(),
+            deadline: Instant::now() + Duration::from_secs(60),
+            deadline_ms: 1,
+            trace_id: None,
+            reply: tx,
+            hold: Hold::new(held.clone()),
+        };
+        assert!(slot.assign(job));
+        let reply = slot.answer_begin("id-1", false).unwrap();
+        drop(reply);
+        assert_eq!(
+            Arc::strong_count(&held),
+            2,
+            "held while the answer is under way"
+        );
+        slot.answer_done("id-1");
+        assert_eq!(Arc::strong_count(&held), 1, "released with the invocation");
     }
 
     #[tokio::test]
