@@ -387,6 +387,62 @@ async fn several_images_are_narrowed_by_name() {
     assert_eq!(verify_pulled(&reg, &c, false), 1);
 }
 
+/// The digest index.json of `archive` names for the image whose `io.containerd.image.name` is
+/// `name`, read with the tar crate.
+fn containerd_digest(archive: &Path, name: &str) -> String {
+    let index: Value = serde_json::from_slice(&tar_entry(archive, "index.json").1).unwrap();
+    let m = index["manifests"].as_array().unwrap().iter().find(|m| {
+        m["annotations"]["io.containerd.image.name"] == name
+            && m["annotations"]["org.opencontainers.image.ref.name"] == "v1"
+    });
+    m.unwrap_or_else(|| panic!("{name} with ref.name v1 in {index}"))["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `ctr export` (and `docker save` on Docker's containerd store) of two images: both entries say
+/// `ref.name=v1`, so only the full name (`io.containerd.image.name`) can tell them apart, and it
+/// decides before the tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_archive_of_two_images_is_narrowed_by_the_full_name() {
+    let reg = Registry::start();
+    let path = fixture("containerd-two.tar");
+    println!(
+        "containerd-two.tar made by: {}",
+        std::fs::read_to_string(fixture("containerd-two.how")).unwrap()
+    );
+    let alpha = containerd_digest(&path, "docker.io/corpus/alpha:v1");
+    let beta = containerd_digest(&path, "docker.io/corpus/beta:v1");
+    assert_ne!(alpha, beta);
+    for (name, want, tag) in [
+        ("corpus/beta:v1", &beta, "beta"),
+        ("corpus/alpha:v1", &alpha, "alpha"),
+        ("docker.io/corpus/beta:v1", &beta, "beta-full"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/ctr", tag);
+        let info = process(&path, &options(&c, &path, Some(name), Compress::Gzip))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(&info.digest, want, "{name}");
+        assert_eq!(info.source_format, SourceFormat::Oci);
+        assert_tag_is(&reg, &c, &info);
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{name}");
+    }
+    // A full name that is neither: the shared tag does not pick one of them.
+    for name in ["corpus/gamma:v1", "beta:v1"] {
+        let c = case(&reg, "runr-uploads/platform/ctr", "none");
+        let err = process(&path, &options(&c, &path, Some(name), Compress::Gzip))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds 2 images"), "{name}: {err}");
+        assert!(err.contains("none of them named like"), "{name}: {err}");
+        assert!(err.contains("docker.io/corpus/alpha:v1"), "{name}: {err}");
+        assert_no_tag(&reg, &c);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasm_module_is_pushed_and_fetched_back() {
     let reg = Registry::start();
