@@ -509,6 +509,103 @@ async fn wasm_module_is_pushed_and_fetched_back() {
     );
 }
 
+/// A module starts `\0asm 01 00 00 00` (wasip1), a component `\0asm 0d 00 01 00` (wasip2);
+/// other version bytes after the magic are neither, and the upload fails naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_version_bytes_decide_module_component_or_refusal() {
+    let reg = Registry::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let module = std::fs::read(fixture("module.wasm")).unwrap();
+    let body = &module[8..];
+    let cases: [(&str, &[u8], Result<&str, &str>); 6] = [
+        ("core", &[1, 0, 0, 0], Ok("wasip1/wasm")),
+        ("component", &[0x0d, 0, 1, 0], Ok("wasip2/wasm")),
+        ("v2", &[2, 0, 0, 0], Err("version bytes 02 00 00 00")),
+        ("draft", &[0x0a, 0, 1, 0], Err("version bytes 0a 00 01 00")),
+        ("layer2", &[0x0d, 0, 2, 0], Err("version bytes 0d 00 02 00")),
+        (
+            "short",
+            &[1, 0],
+            Err("version bytes 01 00 (the file ends there)"),
+        ),
+    ];
+    for (name, version, want) in cases {
+        let mut data = b"\0asm".to_vec();
+        data.extend_from_slice(version);
+        if name != "short" {
+            data.extend_from_slice(body);
+        }
+        let path = scratch.path().join(format!("{name}.wasm"));
+        std::fs::write(&path, &data).unwrap();
+        let c = case(&reg, "runr-uploads/platform/wasmv", name);
+        let got = process(&path, &options(&c, &path, None, Compress::Gzip)).await;
+        match want {
+            Ok(platform) => {
+                let info = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(info.platforms, [platform], "{name}");
+                assert_eq!(info.kind, Kind::Wasm, "{name}");
+                assert_tag_is(&reg, &c, &info);
+            }
+            Err(needle) => {
+                let msg = got.expect_err(name).to_string();
+                assert!(msg.contains(needle), "{name}: {msg}");
+                assert!(msg.contains("neither a WebAssembly core module (01 00 00 00, wasip1) nor a component (0d 00 01 00, wasip2)"), "{name}: {msg}");
+                assert!(msg.starts_with(&format!("{name}.wasm: ")), "{name}: {msg}");
+                assert_no_tag(&reg, &c);
+            }
+        }
+    }
+}
+
+/// The 4 MiB bound on JSON documents holds for an OCI layout's config as for a classic
+/// archive's, with the same message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oci_config_over_4_mib_is_refused_like_a_classic_one() {
+    let reg = Registry::start();
+    let path = fixture("big-config.tar");
+    let index: Value = serde_json::from_slice(&tar_entry(&path, "index.json").1).unwrap();
+    let m = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&tar_entry(&path, &format!("blobs/sha256/{}", &m[7..])).1).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap();
+    let size = manifest["config"]["size"].as_u64().unwrap();
+    assert!(size > 5 << 20, "{size}");
+    let c = case(&reg, "runr-uploads/platform/bigcfg", "1");
+    let err = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "big-config.tar: the archive entry \"blobs/sha256/{}\" is {size} bytes, more than the 4194304 bytes allowed",
+        &config[7..]
+    );
+    assert_eq!(err, want);
+    assert_no_tag(&reg, &c);
+    // The same bound on a classic archive's config, for the same message.
+    let scratch = tempfile::tempdir().unwrap();
+    let classic = scratch.path().join("big-config.tar");
+    let big = vec![b' '; 5 << 20];
+    std::fs::write(
+        &classic,
+        tar_with(&[
+            (
+                b"manifest.json",
+                br#"[{"Config":"c.json","RepoTags":["a:1"],"Layers":[]}]"#,
+            ),
+            (b"c.json", &big),
+        ]),
+    )
+    .unwrap();
+    let err = process(&classic, &options(&c, &classic, None, Compress::Gzip))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "big-config.tar: the archive entry \"c.json\" is 5242880 bytes, more than the 4194304 bytes allowed"
+    );
+}
+
 // === bad inputs ===
 
 fn tar_with(entries: &[(&[u8], &[u8])]) -> Vec<u8> {

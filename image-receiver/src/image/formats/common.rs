@@ -48,6 +48,9 @@ pub enum FormatError {
     /// A tar without manifest.json or index.json.
     #[error("the file is a tar archive but neither a docker save archive (no manifest.json) nor an OCI image layout (no index.json)")]
     NotAnImageArchive,
+    /// `\0asm` followed by version bytes of neither a core module nor a component.
+    #[error("the file starts with the WebAssembly magic \\0asm but its {0} are neither a WebAssembly core module (01 00 00 00, wasip1) nor a component (0d 00 01 00, wasip2)")]
+    WasmVersion(String),
     /// A JSON document is malformed.
     #[error("{name} in the archive is not valid: {reason}")]
     Document {

@@ -67,7 +67,7 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
         return Ok(Detected::Wasm(WasmModule {
             file,
             span: Span::whole(len),
-            component,
+            component: component?,
         }));
     }
     let archive = if magic.starts_with(&[0x1f, 0x8b]) {
