@@ -280,6 +280,121 @@ async fn docker_archives_classic_gzip_none_links_and_whole_gzip() {
     );
 }
 
+/// `docker save … | xz` and `| zstd` (Debian's xz-utils and zstd, tests/fixtures/make.sh): the
+/// tar inside is pushed exactly as the tar itself would be, concatenated streams and frames
+/// included; other compressions, a second layer and windows beyond the bounds fail naming what
+/// was found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xz_and_zstd_whole_archives_are_pushed_like_the_tar() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/xz", "raw");
+    let raw = fixture("docker-raw.tar");
+    let plain = process(&raw, &options(&c, &raw, None, Compress::None))
+        .await
+        .unwrap();
+    for (file, tag) in [
+        ("docker-raw.tar.xz", "xz"),
+        ("docker-raw.tar.zst", "zst"),
+        ("docker-raw.multi.tar.xz", "multi-xz"),
+        ("docker-raw.multi.tar.zst", "multi-zst"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/xz", tag);
+        let path = fixture(file);
+        let info = process(&path, &options(&c, &path, None, Compress::None))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(info.digest, plain.digest, "{file}");
+        assert_eq!(info.source_format, SourceFormat::Docker, "{file}");
+        assert_tag_is(&reg, &c, &info);
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+        assert_eq!(
+            std::fs::read_dir(c.work.path()).unwrap().count(),
+            0,
+            "{file}"
+        );
+    }
+    for (file, tag) in [
+        ("oci-archive.tar.xz", "oci-xz"),
+        ("oci-archive.tar.zst", "oci-zst"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/xz", tag);
+        let path = fixture(file);
+        let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(info.digest, layout_digest("v1"), "{file}");
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+    }
+
+    let scratch = tempfile::tempdir().unwrap();
+    let xz = std::fs::read(fixture("docker-raw.tar.xz")).unwrap();
+    let zst = std::fs::read(fixture("docker-raw.tar.zst")).unwrap();
+    let mut damaged = xz.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x55;
+    let refused: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "bz2",
+            std::fs::read(fixture("docker-raw.tar.bz2")).unwrap(),
+            "the file is bzip2-compressed, which the receiver does not unpack",
+        ),
+        (
+            "lz4",
+            std::fs::read(fixture("docker-raw.tar.lz4")).unwrap(),
+            "the file is lz4-compressed, which the receiver does not unpack",
+        ),
+        (
+            "gzgz",
+            std::fs::read(fixture("docker-raw.tar.gz.gz")).unwrap(),
+            "the file is gzip-compressed and what it holds is gzip-compressed again",
+        ),
+        (
+            "dict128",
+            std::fs::read(fixture("docker-raw.dict128.tar.xz")).unwrap(),
+            "the xz-compressed file could not be decompressed: its dictionary is 128 MiB, more than the 64 MiB",
+        ),
+        (
+            "long",
+            std::fs::read(fixture("docker-raw.long.tar.zst")).unwrap(),
+            "the zstd-compressed file could not be decompressed: its window is 256 MiB, more than the 128 MiB",
+        ),
+        (
+            "damaged",
+            damaged,
+            "the xz-compressed file could not be decompressed: ",
+        ),
+        (
+            "truncated-xz",
+            xz[..xz.len() - 30].to_vec(),
+            "the xz-compressed file could not be decompressed: it ends early",
+        ),
+        (
+            "truncated-zst",
+            zst[..zst.len() * 2 / 3].to_vec(),
+            "the zstd-compressed file could not be decompressed: it ends early",
+        ),
+    ];
+    for (name, data, want) in refused {
+        let c = case(&reg, "runr-uploads/platform/xz", name);
+        let path = scratch.path().join(format!("{name}.tar.x"));
+        std::fs::write(&path, &data).unwrap();
+        let err = process(&path, &options(&c, &path, None, Compress::None))
+            .await
+            .expect_err(name)
+            .to_string();
+        assert!(
+            err.starts_with(&format!("{name}.tar.x: {want}")),
+            "{name}: {err}"
+        );
+        assert_no_tag(&reg, &c);
+        assert_eq!(
+            std::fs::read_dir(c.work.path()).unwrap().count(),
+            0,
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_platform_complete_and_partial() {
     let reg = Registry::start();
@@ -993,6 +1108,41 @@ async fn docker_save_of_a_scratch_image() {
 }
 
 // === end to end through the real binary ===
+
+/// A `.tar.zst` and a `.tar.xz` through the chunk API: completed, pulled back blob by blob.
+#[test]
+fn compressed_archives_uploaded_through_the_chunk_api() {
+    let reg = Registry::start();
+    for (file, tag) in [("docker-raw.tar.zst", "zst"), ("oci-archive.tar.xz", "xz")] {
+        let data = std::fs::read(fixture(file)).unwrap();
+        let c = case(&reg, "runr-uploads/platform/e2e-compressed", tag);
+        let dir = c.work.path().join("work");
+        std::fs::create_dir(&dir).unwrap();
+        let r = crate::harness::Receiver::for_data(
+            &dir,
+            &data,
+            &[
+                ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+                ("RUNR_UPLOAD_FILENAME", file),
+            ],
+        );
+        assert_eq!(r.put(0, &data).0, 200);
+        assert_eq!(r.complete().0, 202);
+        let s = r.wait_status("the push to finish", |s| {
+            s["status"] == "completed" || s["status"] == "failed"
+        });
+        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+        // Only the upload and its state are left: the decompressed copy was unlinked.
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("upload."))
+            .collect();
+        left.sort();
+        assert_eq!(left, Vec::<String>::new(), "{file}");
+    }
+}
 
 #[test]
 fn docker_archive_uploaded_through_the_chunk_api() {

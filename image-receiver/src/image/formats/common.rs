@@ -42,9 +42,20 @@ pub enum FormatError {
     /// The tar itself is unreadable, truncated or unsafe.
     #[error(transparent)]
     Archive(#[from] ArchiveError),
-    /// Not a tar, gzip'ed tar or wasm module.
-    #[error("the file is neither a docker save archive, an OCI image layout tar (both possibly gzip'ed) nor a WebAssembly module")]
+    /// Not a tar, compressed tar or wasm module.
+    #[error("the file is neither a docker save archive, an OCI image layout tar (both possibly compressed with gzip, xz or zstd) nor a WebAssembly module")]
     Unrecognized,
+    /// Compressed with something the receiver does not unpack.
+    #[error("the file is {0}-compressed, which the receiver does not unpack: upload the tar itself, or compressed once with gzip, xz or zstd")]
+    Compression(&'static str),
+    /// Compressed, and what it holds is compressed again.
+    #[error("the file is {outer}-compressed and what it holds is {inner}-compressed again: upload the tar itself, or compressed once with gzip, xz or zstd")]
+    CompressedTwice {
+        /// The compression of the file.
+        outer: &'static str,
+        /// The compression of what it holds.
+        inner: &'static str,
+    },
     /// A tar without manifest.json or index.json.
     #[error("the file is a tar archive but neither a docker save archive (no manifest.json) nor an OCI image layout (no index.json)")]
     NotAnImageArchive,
@@ -91,7 +102,7 @@ pub enum FormatError {
         /// What to do.
         hint: String,
     },
-    /// A whole-archive gzip could not be decompressed.
+    /// A whole compressed archive could not be decompressed.
     #[error(transparent)]
     Decompress(#[from] DecompressError),
     /// Anything else about the content.

@@ -1,7 +1,7 @@
 //! What an uploaded file is, detected from its content (never its name), and the image graph to
 //! push: a WebAssembly module, a classic `docker save` archive (also podman's), or an OCI image
 //! layout (also Docker ≥ 25 archives and `ctr export`, where the layout wins over manifest.json),
-//! each possibly inside a whole-archive gzip.
+//! each possibly compressed whole with gzip, xz or zstd.
 //!
 //! Everything here is blocking file I/O: callers run it on a blocking thread.
 
@@ -17,7 +17,7 @@ use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
 use crate::image::archive::{Archive, ArchiveError};
-use crate::image::compress::{self, DECOMPRESS_HEADROOM};
+use crate::image::compress::{self, Compression, DECOMPRESS_HEADROOM};
 use crate::image::span::{Span, SpanReader};
 
 pub(crate) use self::common::{media, FormatError, RawManifest};
@@ -41,7 +41,7 @@ pub enum Detected {
 /// Inputs of [`detect`] besides the file.
 #[derive(Debug, Clone)]
 pub struct DetectOptions<'a> {
-    /// Where a decompressed copy of a `.tar.gz` may be written.
+    /// Where a decompressed copy of a `.tar.gz`, `.tar.xz` or `.tar.zst` may be written.
     pub work_dir: &'a Path,
     /// The declared size, bounding that copy.
     pub declared_size: u64,
@@ -62,7 +62,7 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
             source,
         })?
         .len();
-    let magic = head(&file, len, 8)?;
+    let magic = head(&file, len, 16)?;
     if let Some(component) = wasm::header(&magic) {
         return Ok(Detected::Wasm(WasmModule {
             file,
@@ -70,15 +70,24 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
             component: component?,
         }));
     }
-    let archive = if magic.starts_with(&[0x1f, 0x8b]) {
-        let limit = opts
-            .declared_size
-            .max(len)
-            .saturating_add(DECOMPRESS_HEADROOM);
-        let (tar, tar_len) = compress::decompress_archive(&file, len, opts.work_dir, limit)?;
-        index_tar(tar, tar_len)?
-    } else {
-        index_tar(file, len)?
+    let archive = match compress::recognise(&magic) {
+        None => index_tar(file, len)?,
+        Some(Compression::Other(name)) => return Err(FormatError::Compression(name)),
+        Some(kind) => {
+            let limit = opts
+                .declared_size
+                .max(len)
+                .saturating_add(DECOMPRESS_HEADROOM);
+            let (tar, tar_len) =
+                compress::decompress_archive(&file, len, kind, opts.work_dir, limit)?;
+            if let Some(inner) = compress::recognise(&head(&tar, tar_len, 16)?) {
+                return Err(FormatError::CompressedTwice {
+                    outer: kind.name(),
+                    inner: inner.name(),
+                });
+            }
+            index_tar(tar, tar_len)?
+        }
     };
     if archive.contains("index.json") {
         Ok(Detected::Oci(oci::read(archive, opts.upload_name)?))
