@@ -384,7 +384,7 @@ impl<R: Read> Read for XzStreams<R> {
                 if !self.between {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                if self.padding % 4 != 0 {
+                if !self.padding.is_multiple_of(4) {
                     return Err(io::Error::other(
                         "the padding after the last stream is not a multiple of four bytes",
                     ));
@@ -399,7 +399,7 @@ impl<R: Read> Read for XzStreams<R> {
                 if self.pos == self.filled {
                     continue;
                 }
-                if self.padding % 4 != 0 {
+                if !self.padding.is_multiple_of(4) {
                     return Err(io::Error::other(
                         "the padding between two streams is not a multiple of four bytes",
                     ));
