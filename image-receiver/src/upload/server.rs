@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Incoming};
@@ -19,6 +19,13 @@ use runr_base::serve::serve_connections;
 use tokio::net::TcpListener;
 
 use super::{ChunkError, Completion, Processor, Upload};
+
+/// How long an accepted connection may be idle before the kernel probes the peer, then how often,
+/// and how many unanswered probes end it: a peer that vanished without a FIN (a proxy leg that
+/// died) is found in about a minute instead of holding the connection forever.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
 
 /// How long in-flight requests get to finish after SIGTERM.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
@@ -40,6 +47,8 @@ const READ_BUFFER: usize = 64 * 1024;
 struct Ctx {
     upload: Arc<Upload>,
     processor: Processor,
+    /// `RUNR_UPLOAD_CHUNK_IDLE`.
+    chunk_idle: Duration,
     /// Batch buffers of finished chunks, for the next ones.
     buffers: Mutex<Vec<Vec<u8>>>,
 }
@@ -66,10 +75,12 @@ impl Ctx {
 enum ChunkEnd {
     /// The connection broke or the framing was bad.
     Broken(hyper::Error),
+    /// No byte arrived for `RUNR_UPLOAD_CHUNK_IDLE`.
+    Idle,
     /// A limit was hit or the write failed.
     Refused(ChunkError),
 }
-use ChunkEnd::{Broken, Refused};
+use ChunkEnd::{Broken, Idle, Refused};
 
 impl From<ChunkError> for ChunkEnd {
     fn from(e: ChunkError) -> Self {
@@ -84,13 +95,19 @@ pub async fn run(
     listener: TcpListener,
     upload: Arc<Upload>,
     processor: Processor,
+    chunk_idle: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
     let ctx = Arc::new(Ctx {
         upload,
         processor,
+        chunk_idle,
         buffers: Mutex::new(Vec::new()),
     });
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
     let mut http = http1::Builder::new();
     // The timer gives hyper its header-read timeout (slow clients cannot pin a task).
     http.timer(TokioTimer::new());
@@ -100,7 +117,10 @@ pub async fn run(
         http,
         shutdown,
         DRAIN_LIMIT,
-        move |_stream, _peer| {
+        move |stream, peer| {
+            if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+                tracing::debug!(error = %e, %peer, "cannot enable TCP keepalive");
+            }
             let ctx = ctx.clone();
             service_fn(move |req| handle(ctx.clone(), req))
         },
@@ -157,10 +177,12 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
     let mut batch = ctx.take_buffer();
     let result = async {
         loop {
-            let frame = match body.frame().await {
-                None => break,
-                Some(Ok(frame)) => frame,
-                Some(Err(e)) => return Err(Broken(e)),
+            // Bounded wait per frame: a body that stops arriving must not keep its claims.
+            let frame = match tokio::time::timeout(ctx.chunk_idle, body.frame()).await {
+                Err(_) => return Err(Idle),
+                Ok(None) => break,
+                Ok(Some(Ok(frame))) => frame,
+                Ok(Some(Err(e))) => return Err(Broken(e)),
             };
             let Ok(data) = frame.into_data() else {
                 continue; // trailers carry nothing for us
@@ -189,6 +211,25 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
                 "bad_chunk",
                 "the chunk's body ended early; send it again",
             );
+        }
+        Err(Idle) => {
+            // Dropping the writer below releases what the chunk reserved; the `Connection:
+            // close` makes hyper end the connection instead of waiting for the rest.
+            drop(writer);
+            let idle = runr_base::env::display_duration(ctx.chunk_idle);
+            tracing::info!(offset, %idle, "chunk body stalled: dropped, connection closed");
+            let mut reply = error(
+                StatusCode::REQUEST_TIMEOUT,
+                "chunk_idle",
+                &format!(
+                    "no byte of the chunk arrived for {idle}: the chunk was dropped (nothing of \
+                     it is kept) and the connection closed; send it again"
+                ),
+            );
+            reply
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return reply;
         }
         Err(Refused(e)) => return chunk_error(e),
     }
