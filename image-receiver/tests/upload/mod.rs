@@ -8,5 +8,6 @@
 mod chunks;
 mod clients;
 mod config;
+mod journal;
 mod lifecycle;
 mod stalls;
