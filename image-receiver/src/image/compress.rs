@@ -88,51 +88,63 @@ pub fn compress_layer(
     let tmp_path = scratch_path(work_dir, "layer", "gz");
     let out = create_unlinked(&tmp_path)
         .map_err(|e| io_err(format!("creating {}", tmp_path.display()), e))?;
-    let mut writer = io::BufWriter::with_capacity(1 << 20, &out);
+    // Members are about a block each: written as they come, no buffer in between.
+    let mut writer = &out;
     // Not a hashing reader: the raw blocks are hashed below while they compress.
     let mut reader = SpanReader::new(file.clone(), span);
     let mut raw = Sha256Hasher::new();
     let mut packed = Sha256Hasher::new();
     let mut len = 0u64;
-    let mut first = true;
-    while reader.remaining() > 0 || first {
-        first = false;
-        let mut blocks = Vec::with_capacity(2);
+    // Two workers for the whole layer, block k on worker k % 2, each handed back its input and
+    // output buffers with the member: four buffers per layer, allocated once, and two threads
+    // rather than two per block (threads and fresh buffers each cost memory of their own).
+    std::thread::scope(|s| -> Result<(), LayerError> {
+        let mut workers = Vec::with_capacity(2);
         for _ in 0..2 {
-            if reader.remaining() == 0 && !blocks.is_empty() {
+            let (to, inbox) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
+            let (done, back) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
+            s.spawn(move || {
+                for (block, mut member) in inbox {
+                    gzip_member_into(&block, &mut member);
+                    if done.send((block, member)).is_err() {
+                        return;
+                    }
+                }
+            });
+            workers.push((to, back, Some((Vec::new(), Vec::new()))));
+        }
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut next = 0usize;
+        let mut first = true;
+        loop {
+            // Keep both workers busy while there is input (an empty layer still gets one
+            // member: a gzip stream of nothing).
+            while in_flight.len() < 2 && (reader.remaining() > 0 || first) {
+                first = false;
+                let (to, _, spare) = &mut workers[next];
+                let (mut block, member) = spare.take().expect("an idle worker has its buffers");
+                block.resize(GZIP_BLOCK.min(reader.remaining() as usize), 0);
+                reader
+                    .read_exact(&mut block)
+                    .map_err(|e| io_err("reading the archive".into(), e))?;
+                raw.update(&block);
+                to.send((block, member)).expect("gzip worker");
+                in_flight.push_back(next);
+                next = (next + 1) % 2;
+            }
+            let Some(w) = in_flight.pop_front() else {
                 break;
-            }
-            let block = reader
-                .read_block(GZIP_BLOCK)
-                .map_err(|e| io_err("reading the archive".into(), e))?;
-            blocks.push(block);
-        }
-        // Both blocks compress on threads of their own while this one hashes them in order.
-        let members: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let workers: Vec<_> = blocks
-                .iter()
-                .map(|b| s.spawn(move || gzip_member(b)))
-                .collect();
-            for b in &blocks {
-                raw.update(b);
-            }
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("gzip thread"))
-                .collect()
-        });
-        for m in members {
-            packed.update(&m);
-            len += m.len() as u64;
+            };
+            let (block, member) = workers[w].1.recv().expect("gzip worker");
+            packed.update(&member);
+            len += member.len() as u64;
             writer
-                .write_all(&m)
+                .write_all(&member)
                 .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
+            workers[w].2 = Some((block, member));
         }
-    }
-    writer
-        .flush()
-        .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
-    drop(writer);
+        Ok(())
+    })?;
     let actual = raw.finish();
     if actual != diff_id {
         return Err(LayerError::DiffId {
@@ -564,24 +576,39 @@ fn create_unlinked(path: &Path) -> io::Result<File> {
 /// One self-contained gzip member of `data`: level 1, or stored blocks when a sample shows the
 /// data does not compress (random or already-compressed files in a layer are common, and
 /// deflating them costs a core for nothing).
+#[cfg(test)]
 fn gzip_member(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    gzip_member_into(data, &mut out);
+    out
+}
+
+/// [`gzip_member`] into `out` (emptied first, its capacity reused).
+fn gzip_member_into(data: &[u8], out: &mut Vec<u8>) {
+    out.clear();
     if !compresses(&data[..data.len().min(SAMPLE)]) {
-        return gzip_stored(data);
+        gzip_stored_into(data, out);
+        return;
     }
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(data.len() / 2 + 1024),
-        flate2::Compression::fast(),
-    );
+    let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::fast());
     enc.write_all(data).expect("write to memory");
-    enc.finish().expect("finish in memory")
+    enc.finish().expect("finish in memory");
 }
 
 /// A gzip member of stored (uncompressed) deflate blocks, RFC 1952 around RFC 1951 §3.2.4.
 /// Written here because flate2's level 0 still runs its compressor over every byte; this is a
 /// copy and a CRC.
+#[cfg(test)]
 fn gzip_stored(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    gzip_stored_into(data, &mut out);
+    out
+}
+
+/// [`gzip_stored`] appended to `out`.
+fn gzip_stored_into(data: &[u8], out: &mut Vec<u8>) {
     const MAX_STORED: usize = 65_535;
-    let mut out = Vec::with_capacity(data.len() + data.len() / MAX_STORED * 5 + 32);
+    out.reserve(data.len() + data.len() / MAX_STORED * 5 + 32);
     // Magic, deflate, no flags, no mtime, no extra flags, OS unknown.
     out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255]);
     let mut blocks = data.chunks(MAX_STORED).peekable();
@@ -600,7 +627,6 @@ fn gzip_stored(data: &[u8]) -> Vec<u8> {
     crc.update(data);
     out.extend_from_slice(&crc.sum().to_le_bytes());
     out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out
 }
 
 /// Bytes of a block tried first to decide how to compress it (1.6 % of a block: deflating the

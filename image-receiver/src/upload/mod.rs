@@ -618,9 +618,7 @@ impl ChunkWriter {
         self.check_room(len)?;
         let (generation, pos) = (self.generation, self.pos);
         if data.len() <= INLINE_WRITE {
-            let pieces = self.upload.write_at(generation, pos, &data)?;
-            self.pieces.extend(pieces);
-            self.pos += len;
+            self.write_in_place(&data)?;
             let mut data = data;
             data.clear();
             return Ok(data);
@@ -640,6 +638,23 @@ impl ChunkWriter {
         self.pos += len;
         data.clear();
         Ok(data)
+    }
+
+    /// Writes `data`, a frame of at most hyper's read buffer, in place (see [`INLINE_WRITE`]);
+    /// larger data takes the blocking thread like [`ChunkWriter::write`].
+    pub async fn write_small(&mut self, data: &[u8]) -> Result<(), ChunkError> {
+        if data.len() > INLINE_WRITE {
+            return self.write(data.to_vec()).await.map(drop);
+        }
+        self.write_in_place(data)
+    }
+
+    fn write_in_place(&mut self, data: &[u8]) -> Result<(), ChunkError> {
+        self.check_room(data.len() as u64)?;
+        let pieces = self.upload.write_at(self.generation, self.pos, data)?;
+        self.pieces.extend(pieces);
+        self.pos += data.len() as u64;
+        Ok(())
     }
 
     /// Records the whole chunk (in memory, then in the journal) and answers the new status.

@@ -34,7 +34,12 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// hop to a blocking thread is rare, small enough that a request holds little memory.
 const WRITE_BATCH: usize = 1024 * 1024;
 
-/// Batch buffers kept for reuse (more concurrent chunks allocate their own).
+/// Batch buffers in use at most: a chunk that finds none free writes its frames one by one
+/// (each at most hyper's read buffer, [`READ_BUFFER`]) instead, so memory does not grow with the
+/// number of concurrent chunks (64 chunks with a batch each held 64 MiB).
+const BATCH_BUFFERS: usize = 8;
+
+/// Batch buffers kept for reuse once their chunk is done.
 const POOLED_BUFFERS: usize = 4;
 
 /// Largest read buffer hyper may grow to per connection. Below musl's mmap threshold (~128
@@ -51,12 +56,19 @@ struct Ctx {
     chunk_idle: Duration,
     /// Batch buffers of finished chunks, for the next ones.
     buffers: Mutex<Vec<Vec<u8>>>,
+    /// One permit per batch buffer that may exist ([`BATCH_BUFFERS`]).
+    batch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Ctx {
-    fn take_buffer(&self) -> Vec<u8> {
+    /// A batch buffer and the permit it needs; `None` when [`BATCH_BUFFERS`] are in use.
+    fn take_buffer(&self) -> Option<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)> {
+        let permit = self.batch_slots.clone().try_acquire_owned().ok()?;
         let pooled = self.buffers.lock().ok().and_then(|mut b| b.pop());
-        pooled.unwrap_or_else(|| Vec::with_capacity(WRITE_BATCH))
+        Some((
+            pooled.unwrap_or_else(|| Vec::with_capacity(WRITE_BATCH)),
+            permit,
+        ))
     }
 
     fn give_buffer(&self, mut buf: Vec<u8>) {
@@ -103,6 +115,7 @@ pub async fn run(
         processor,
         chunk_idle,
         buffers: Mutex::new(Vec::new()),
+        batch_slots: Arc::new(tokio::sync::Semaphore::new(BATCH_BUFFERS)),
     });
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(KEEPALIVE_IDLE)
@@ -174,7 +187,8 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
     let mut body = req.into_body();
     // Frames are copied into a pooled buffer at once: hyper then reuses its read buffer, where
     // holding the frames would make it allocate (and fault in) fresh memory for every byte.
-    let mut batch = ctx.take_buffer();
+    // Without a free batch buffer, each frame goes to the file as it comes (a small write).
+    let mut slot = ctx.take_buffer();
     let result = async {
         loop {
             // Bounded wait per frame: a body that stops arriving must not keep its claims.
@@ -187,19 +201,28 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
             let Ok(data) = frame.into_data() else {
                 continue; // trailers carry nothing for us
             };
+            let Some((batch, _)) = &mut slot else {
+                writer.write_small(&data).await?;
+                continue;
+            };
             writer.check_room((batch.len() + data.len()) as u64)?;
             if !batch.is_empty() && batch.len() + data.len() > WRITE_BATCH {
-                batch = writer.write(std::mem::take(&mut batch)).await?;
+                *batch = writer.write(std::mem::take(batch)).await?;
             }
             batch.extend_from_slice(&data);
         }
-        if !batch.is_empty() {
-            batch = writer.write(std::mem::take(&mut batch)).await?;
+        if let Some((batch, _)) = &mut slot {
+            if !batch.is_empty() {
+                *batch = writer.write(std::mem::take(batch)).await?;
+            }
         }
         Ok(())
     }
     .await;
-    ctx.give_buffer(batch);
+    if let Some((batch, permit)) = slot {
+        ctx.give_buffer(batch);
+        drop(permit);
+    }
     match result {
         Ok(()) => {}
         Err(Broken(e)) => {
