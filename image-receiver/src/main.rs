@@ -19,7 +19,7 @@ const LOG: LogFormat = LogFormat {
 };
 
 /// Threads for blocking work: the batch writes of concurrent chunks (at most 8 batches exist) and
-/// the pipeline's (two blobs at a time, each reading or compressing on one).
+/// the pipeline's (four blobs at a time reading, one layer compressing on two threads of its own).
 const BLOCKING_THREADS: usize = 12;
 
 fn main() -> ExitCode {

@@ -48,14 +48,14 @@ fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }
 
-struct Case {
-    work: tempfile::TempDir,
-    target: String,
-    repo: String,
-    tag: String,
+pub(crate) struct Case {
+    pub(crate) work: tempfile::TempDir,
+    pub(crate) target: String,
+    pub(crate) repo: String,
+    pub(crate) tag: String,
 }
 
-fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
+pub(crate) fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
     Case {
         work: tempfile::tempdir().unwrap(),
         target: format!("{}/{repo}:{tag}", reg.host()),
@@ -64,7 +64,12 @@ fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
     }
 }
 
-fn options(c: &Case, file: &Path, name: Option<&str>, compress: Compress) -> ProcessOptions {
+pub(crate) fn options(
+    c: &Case,
+    file: &Path,
+    name: Option<&str>,
+    compress: Compress,
+) -> ProcessOptions {
     ProcessOptions {
         work_dir: c.work.path().to_path_buf(),
         target: c.target.clone(),
@@ -99,7 +104,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Pulls the tag back with skopeo into a dir: and checks every image manifest in it: each blob
 /// hashes to its name, each layer decompresses to its diff_id. Returns the manifests checked.
-fn verify_pulled(reg: &Registry, c: &Case, all: bool) -> usize {
+pub(crate) fn verify_pulled(reg: &Registry, c: &Case, all: bool) -> usize {
     let out = tempfile::tempdir().unwrap();
     let src = format!("docker://{}/{}:{}", reg.host(), c.repo, c.tag);
     let dest = format!("dir:{}", out.path().display());
@@ -172,7 +177,7 @@ fn layout_digest(tag: &str) -> String {
         .to_string()
 }
 
-fn assert_tag_is(reg: &Registry, c: &Case, info: &ImageInfo) {
+pub(crate) fn assert_tag_is(reg: &Registry, c: &Case, info: &ImageInfo) {
     let raw = skopeo(&[
         "inspect",
         "--raw",
