@@ -148,6 +148,7 @@ pub async fn process_with(
                     work_dir: &work_dir,
                     declared_size,
                     upload_name: upload_name.as_deref(),
+                    headroom: compress::DECOMPRESS_HEADROOM,
                 },
             )
         })

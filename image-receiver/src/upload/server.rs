@@ -293,7 +293,7 @@ fn complete(ctx: &Ctx) -> Reply {
 }
 
 /// The offset of `offset=N` in the query, a plain decimal number.
-fn parse_offset(query: Option<&str>) -> Option<u64> {
+pub(crate) fn parse_offset(query: Option<&str>) -> Option<u64> {
     let value = query?
         .split('&')
         .find_map(|pair| pair.strip_prefix("offset="))?;

@@ -17,7 +17,9 @@ use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
 use crate::image::archive::{Archive, ArchiveError};
-use crate::image::compress::{self, Compression, DECOMPRESS_HEADROOM};
+#[cfg(doc)]
+use crate::image::compress::DECOMPRESS_HEADROOM;
+use crate::image::compress::{self, Compression};
 use crate::image::span::{Span, SpanReader};
 
 pub(crate) use self::common::{media, FormatError, RawManifest};
@@ -47,6 +49,8 @@ pub struct DetectOptions<'a> {
     pub declared_size: u64,
     /// `RUNR_UPLOAD_NAME`, to pick one of several images.
     pub upload_name: Option<&'a str>,
+    /// Room a decompressed copy may take beyond the declared size ([`DECOMPRESS_HEADROOM`]).
+    pub headroom: u64,
 }
 
 /// Works out what `path` holds and what to push.
@@ -74,10 +78,7 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
         None => index_tar(file, len)?,
         Some(Compression::Other(name)) => return Err(FormatError::Compression(name)),
         Some(kind) => {
-            let limit = opts
-                .declared_size
-                .max(len)
-                .saturating_add(DECOMPRESS_HEADROOM);
+            let limit = opts.declared_size.max(len).saturating_add(opts.headroom);
             let (tar, tar_len) =
                 compress::decompress_archive(&file, len, kind, opts.work_dir, limit)?;
             if let Some(inner) = compress::recognise(&head(&tar, tar_len, 16)?) {
@@ -139,6 +140,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 4096,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         let err = detect(&path, &opts).unwrap_err();
         assert!(matches!(err, FormatError::Unrecognized), "{err}");
@@ -153,6 +155,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 8,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         match detect(&path, &opts).unwrap() {
             Detected::Wasm(w) => assert!(!w.component),
@@ -176,6 +179,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 0,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         assert!(matches!(
             detect(&path, &opts),
