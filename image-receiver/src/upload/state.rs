@@ -179,9 +179,15 @@ impl Store {
     /// none, it belongs to another upload, or it cannot be read: the upload starts over.
     pub(crate) fn load(dir: &Path, size: u64, sha256: &str) -> (Option<Persisted>, Store) {
         let mut state = read_state(&dir.join(STATE_FILE), size, sha256);
-        let epoch = state.as_ref().map_or(0, |s| s.journal);
+        let journal = dir.join(JOURNAL_FILE);
+        // The next epoch must be new to the journal too: a journal left by another upload (or
+        // by a compaction cut short) must never pass for the one of the next snapshot.
+        let epoch = state
+            .as_ref()
+            .map_or(0, |s| s.journal)
+            .max(journal_epoch(&journal));
         if let Some(s) = &mut state {
-            replay(&dir.join(JOURNAL_FILE), s);
+            replay(&journal, s);
         }
         let store = Store {
             dir: dir.to_path_buf(),
@@ -240,6 +246,17 @@ impl Store {
         );
         self.records = 0;
         Ok(())
+    }
+}
+
+/// The epoch in the header of the journal at `path`; 0 when there is none.
+fn journal_epoch(path: &Path) -> u64 {
+    let mut header = [0u8; 16];
+    match File::open(path).and_then(|mut f| f.read_exact(&mut header)) {
+        Ok(()) if header[..8] == *JOURNAL_MAGIC => {
+            u64::from_le_bytes(header[8..].try_into().expect("8 bytes"))
+        }
+        _ => 0,
     }
 }
 
@@ -457,6 +474,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A journal another upload left (its snapshot replaced, the compaction cut before its
+    /// journal was) never continues this upload's snapshot, even at the same epoch number.
+    #[test]
+    fn a_journal_left_by_another_upload_is_never_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, mut other) = Store::load(dir.path(), SIZE + 1, SHA);
+        let mut theirs = empty();
+        theirs.size = SIZE + 1;
+        other.snapshot(&theirs).unwrap();
+        assert!(!other.append(&[(0, 100)], 1).unwrap());
+        let left = std::fs::read(dir.path().join(JOURNAL_FILE)).unwrap();
+        drop(other);
+        // This upload starts; its first snapshot lands, then the kill comes before its journal.
+        let (none, mut store) = Store::load(dir.path(), SIZE, SHA);
+        assert!(none.is_none());
+        store.snapshot(&empty()).unwrap();
+        std::fs::write(dir.path().join(JOURNAL_FILE), &left).unwrap();
+        let (state, _) = loaded(dir.path());
+        assert!(state.ranges.is_empty(), "{:?}", state.ranges);
     }
 
     #[test]
