@@ -453,10 +453,12 @@ async fn blobs_are_pushed_concurrently_and_arrive_whole() {
         assert_eq!(crate::image::verify_pulled(&reg, &c, false), 1, "{tag}");
     }
 
-    // Eight images at once into two repositories, all sharing their layers and configs (their
-    // manifests differ: distribution writes a manifest in place, so two identical ones pushed
-    // at the same moment can fail one another, which is the registry's race, not a blob's):
-    // all through one proxy, all complete, each pulled back byte for byte.
+    // Eight images at once, all sharing their layers and configs (the registry stores each blob
+    // once for all repositories), each in a repository of its own: distribution writes a
+    // repository's links to a blob and its manifests in place, so the same blob linked into
+    // the same repository by two uploads at the same moment can fail one of them (the
+    // registry's race, seen here with two repositories of four images). All through one proxy,
+    // all complete, each pulled back byte for byte.
     let layouts: Vec<_> = (0..8)
         .map(|k| {
             let label = format!("image{k}");
@@ -469,7 +471,7 @@ async fn blobs_are_pushed_concurrently_and_arrive_whole() {
         .map(|i| {
             let mut c = crate::image::case(
                 &reg,
-                &format!("runr-uploads/load/many{}", i % 2),
+                &format!("runr-uploads/load/many{i}"),
                 &format!("t{i}"),
             );
             c.target = format!("{proxy}/{}:{}", c.repo, c.tag);
