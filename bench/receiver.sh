@@ -68,7 +68,8 @@ if [ ! -s "$ARCHIVE" ]; then
   cfg=$(sha256sum "$A/config.json" | cut -d' ' -f1)
   mv "$A/config.json" "$A/$cfg.json"
   printf '[{"Config":"%s.json","RepoTags":["bench/big:1"],"Layers":[%s]}]' "$cfg" "$layers" >"$A/manifest.json"
-  (cd "$A" && tar -cf "$OLDPWD/$ARCHIVE.tmp" manifest.json "$cfg.json" */layer.tar)
+  out=$(cd "$CACHE" && pwd)/$(basename "$ARCHIVE").tmp
+  (cd "$A" && tar -cf "$out" manifest.json "$cfg.json" */layer.tar)
   rm -rf "$A"
   mv "$ARCHIVE.tmp" "$ARCHIVE"
 fi
