@@ -5,6 +5,7 @@
 //! `version`/`help` print.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use runr_base::env::{ConfigErrors, Env, VarDoc};
 use runr_registry::config::VARS as REGISTRY_VARS;
@@ -42,6 +43,12 @@ pub const ENV_UPLOAD_TARGET: &str = "RUNR_UPLOAD_TARGET";
 pub const ENV_UPLOAD_COMPRESS: &str = "RUNR_UPLOAD_COMPRESS";
 const DEFAULT_COMPRESS: Compress = Compress::Gzip;
 
+/// How long a chunk's body may make no progress before the chunk is abandoned: the connection
+/// is closed (after a `408`), the bytes it reserved are released and nothing of it is recorded.
+/// A half-open connection (a proxy leg that died without a FIN) would otherwise pin them.
+pub const ENV_UPLOAD_CHUNK_IDLE: &str = "RUNR_UPLOAD_CHUNK_IDLE";
+const DEFAULT_CHUNK_IDLE: Duration = Duration::from_secs(30);
+
 /// The receiver's own log level: `error`, `warn`, `info` or `debug`.
 pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
@@ -70,6 +77,11 @@ pub const VARS: &[VarDoc] = &[
         "gzip",
         "gzip | none: layers of a classic docker save archive",
     ),
+    VarDoc::new(
+        ENV_UPLOAD_CHUNK_IDLE,
+        "30s",
+        "a chunk whose body makes no progress this long is dropped, its connection closed",
+    ),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
 ];
 
@@ -97,6 +109,8 @@ pub struct Config {
     pub target: String,
     /// `RUNR_UPLOAD_COMPRESS`.
     pub compress: Compress,
+    /// `RUNR_UPLOAD_CHUNK_IDLE`.
+    pub chunk_idle: Duration,
     /// `RUNR_REGISTRY_*`.
     pub registry: RegistryConfig,
     /// `RUNR_LOG`.
@@ -134,6 +148,11 @@ impl Config {
             "none" => Ok(Compress::None),
             _ => Err("expected gzip or none".into()),
         });
+        let chunk_idle = env.duration_in(
+            ENV_UPLOAD_CHUNK_IDLE,
+            DEFAULT_CHUNK_IDLE,
+            Duration::from_millis(1)..=Duration::from_secs(3600),
+        );
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
         let registry = RegistryConfig::read(&mut env);
         let required = size.zip(sha256).zip(target);
@@ -146,6 +165,7 @@ impl Config {
             name,
             target,
             compress,
+            chunk_idle,
             registry,
             log_level,
         }))
@@ -204,6 +224,7 @@ mod tests {
         assert_eq!(c.name, None);
         assert!(!c.registry.plain_http);
         assert_eq!(c.log_level, tracing::Level::INFO);
+        assert_eq!(c.chunk_idle, Duration::from_secs(30));
     }
 
     #[test]
@@ -215,9 +236,11 @@ mod tests {
             (ENV_UPLOAD_NAME, "corpus/app:v1"),
             (ENV_UPLOAD_FILENAME, "app.tar"),
             (ENV_LOG, "debug"),
+            (ENV_UPLOAD_CHUNK_IDLE, "1.5s"),
             ("RUNR_REGISTRY_PLAIN_HTTP", "1"),
         ]);
         let c = parse(&vars).expect("valid");
+        assert_eq!(c.chunk_idle, Duration::from_millis(1500));
         assert_eq!(c.port, 9000);
         assert_eq!(c.compress, Compress::None);
         assert_eq!(c.name.as_deref(), Some("corpus/app:v1"));
@@ -245,6 +268,7 @@ mod tests {
             (ENV_UPLOAD_TARGET, "app:1.0"),
             (ENV_UPLOAD_COMPRESS, "zstd"),
             (ENV_UPLOAD_NAME, "Bad Name"),
+            (ENV_UPLOAD_CHUNK_IDLE, "0"),
             (ENV_LOG, "loud"),
             ("RUNR_REGISTRY_PLAIN_HTTP", "maybe"),
         ])
@@ -259,11 +283,15 @@ mod tests {
                 ENV_UPLOAD_NAME,
                 ENV_UPLOAD_TARGET,
                 ENV_UPLOAD_COMPRESS,
+                ENV_UPLOAD_CHUNK_IDLE,
                 ENV_LOG,
                 "RUNR_REGISTRY_PLAIN_HTTP"
             ]
         );
         assert!(e.to_string().contains("RUNR_UPLOAD_COMPRESS=\"zstd\""));
+        assert!(e
+            .to_string()
+            .contains("RUNR_UPLOAD_CHUNK_IDLE=\"0\": must be at least 1ms"));
     }
 
     #[test]

@@ -14,6 +14,8 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz;
 pub mod image;
 pub mod serve;
 mod upload;

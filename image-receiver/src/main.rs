@@ -18,6 +18,10 @@ const LOG: LogFormat = LogFormat {
     timestamps: true,
 };
 
+/// Threads for blocking work: the batch writes of concurrent chunks (at most 8 batches exist) and
+/// the pipeline's (four blobs at a time reading, one layer compressing on two threads of its own).
+const BLOCKING_THREADS: usize = 12;
+
 fn main() -> ExitCode {
     // First, while the process has one thread: it may set SSL_CERT_FILE (see
     // runr_registry::roots for why a scratch image needs it).
@@ -62,13 +66,16 @@ fn fetch(reference: &str, dest: &Path) -> ExitCode {
 }
 
 /// Runs `work` on two worker threads: one core receives (HTTP, pwrite) while the other hashes
-/// or pushes.
+/// or pushes. Blocking work (batched data-file writes, detection, compression, blob reads) gets
+/// at most [`BLOCKING_THREADS`]: each thread costs memory (its stack, and an allocator arena),
+/// and more than that cannot run at once on two cores anyway.
 fn run<E>(what: &str, work: impl Future<Output = Result<(), E>>) -> ExitCode
 where
     E: std::error::Error + 'static,
 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build();
     let result = match runtime {

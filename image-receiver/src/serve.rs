@@ -56,13 +56,14 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         target = %config.target,
         registry = ?config.registry,
         compress = ?config.compress,
+        chunk_idle = %runr_base::env::display_duration(config.chunk_idle),
         "listening"
     );
     if upload.needs_resume() {
         tracing::info!("a previous run stopped while verifying or pushing: starting that again");
         upload.resume(processor.clone());
     }
-    server::run(listener, upload, processor, shutdown).await;
+    server::run(listener, upload, processor, config.chunk_idle, shutdown).await;
     Ok(())
 }
 

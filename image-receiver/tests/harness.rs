@@ -135,6 +135,35 @@ impl Receiver {
         server.child.wait_timeout(timeout)
     }
 
+    /// The receiver's process id.
+    pub fn pid(&self) -> u32 {
+        self.server().child.pid()
+    }
+
+    /// Its peak resident set (`VmHWM` of /proc), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/<pid>/status")
+    }
+
+    /// CPU time the receiver used so far (user + system), from /proc.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // USER_HZ is 100 on Linux (what /proc reports in).
+        Duration::from_millis(ticks * 10)
+    }
+
     fn server(&self) -> &Server {
         self.server.as_ref().expect("the receiver runs")
     }

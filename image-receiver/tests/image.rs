@@ -48,14 +48,14 @@ fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }
 
-struct Case {
-    work: tempfile::TempDir,
-    target: String,
-    repo: String,
-    tag: String,
+pub(crate) struct Case {
+    pub(crate) work: tempfile::TempDir,
+    pub(crate) target: String,
+    pub(crate) repo: String,
+    pub(crate) tag: String,
 }
 
-fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
+pub(crate) fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
     Case {
         work: tempfile::tempdir().unwrap(),
         target: format!("{}/{repo}:{tag}", reg.host()),
@@ -64,7 +64,12 @@ fn case(reg: &Registry, repo: &str, tag: &str) -> Case {
     }
 }
 
-fn options(c: &Case, file: &Path, name: Option<&str>, compress: Compress) -> ProcessOptions {
+pub(crate) fn options(
+    c: &Case,
+    file: &Path,
+    name: Option<&str>,
+    compress: Compress,
+) -> ProcessOptions {
     ProcessOptions {
         work_dir: c.work.path().to_path_buf(),
         target: c.target.clone(),
@@ -99,7 +104,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Pulls the tag back with skopeo into a dir: and checks every image manifest in it: each blob
 /// hashes to its name, each layer decompresses to its diff_id. Returns the manifests checked.
-fn verify_pulled(reg: &Registry, c: &Case, all: bool) -> usize {
+pub(crate) fn verify_pulled(reg: &Registry, c: &Case, all: bool) -> usize {
     let out = tempfile::tempdir().unwrap();
     let src = format!("docker://{}/{}:{}", reg.host(), c.repo, c.tag);
     let dest = format!("dir:{}", out.path().display());
@@ -172,7 +177,7 @@ fn layout_digest(tag: &str) -> String {
         .to_string()
 }
 
-fn assert_tag_is(reg: &Registry, c: &Case, info: &ImageInfo) {
+pub(crate) fn assert_tag_is(reg: &Registry, c: &Case, info: &ImageInfo) {
     let raw = skopeo(&[
         "inspect",
         "--raw",
@@ -278,6 +283,121 @@ async fn docker_archives_classic_gzip_none_links_and_whole_gzip() {
         info.digest,
         format!("sha256:{}", hex(&Sha256::digest(first.as_bytes())))
     );
+}
+
+/// `docker save … | xz` and `| zstd` (Debian's xz-utils and zstd, tests/fixtures/make.sh): the
+/// tar inside is pushed exactly as the tar itself would be, concatenated streams and frames
+/// included; other compressions, a second layer and windows beyond the bounds fail naming what
+/// was found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xz_and_zstd_whole_archives_are_pushed_like_the_tar() {
+    let reg = Registry::start();
+    let c = case(&reg, "runr-uploads/platform/xz", "raw");
+    let raw = fixture("docker-raw.tar");
+    let plain = process(&raw, &options(&c, &raw, None, Compress::None))
+        .await
+        .unwrap();
+    for (file, tag) in [
+        ("docker-raw.tar.xz", "xz"),
+        ("docker-raw.tar.zst", "zst"),
+        ("docker-raw.multi.tar.xz", "multi-xz"),
+        ("docker-raw.multi.tar.zst", "multi-zst"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/xz", tag);
+        let path = fixture(file);
+        let info = process(&path, &options(&c, &path, None, Compress::None))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(info.digest, plain.digest, "{file}");
+        assert_eq!(info.source_format, SourceFormat::Docker, "{file}");
+        assert_tag_is(&reg, &c, &info);
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+        assert_eq!(
+            std::fs::read_dir(c.work.path()).unwrap().count(),
+            0,
+            "{file}"
+        );
+    }
+    for (file, tag) in [
+        ("oci-archive.tar.xz", "oci-xz"),
+        ("oci-archive.tar.zst", "oci-zst"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/xz", tag);
+        let path = fixture(file);
+        let info = process(&path, &options(&c, &path, None, Compress::Gzip))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(info.digest, layout_digest("v1"), "{file}");
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+    }
+
+    let scratch = tempfile::tempdir().unwrap();
+    let xz = std::fs::read(fixture("docker-raw.tar.xz")).unwrap();
+    let zst = std::fs::read(fixture("docker-raw.tar.zst")).unwrap();
+    let mut damaged = xz.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x55;
+    let refused: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "bz2",
+            std::fs::read(fixture("docker-raw.tar.bz2")).unwrap(),
+            "the file is bzip2-compressed, which the receiver does not unpack",
+        ),
+        (
+            "lz4",
+            std::fs::read(fixture("docker-raw.tar.lz4")).unwrap(),
+            "the file is lz4-compressed, which the receiver does not unpack",
+        ),
+        (
+            "gzgz",
+            std::fs::read(fixture("docker-raw.tar.gz.gz")).unwrap(),
+            "the file is gzip-compressed and what it holds is gzip-compressed again",
+        ),
+        (
+            "dict128",
+            std::fs::read(fixture("docker-raw.dict128.tar.xz")).unwrap(),
+            "the xz-compressed file could not be decompressed: its dictionary is 128 MiB, more than the 64 MiB",
+        ),
+        (
+            "long",
+            std::fs::read(fixture("docker-raw.long.tar.zst")).unwrap(),
+            "the zstd-compressed file could not be decompressed: its window is 256 MiB, more than the 128 MiB",
+        ),
+        (
+            "damaged",
+            damaged,
+            "the xz-compressed file could not be decompressed: ",
+        ),
+        (
+            "truncated-xz",
+            xz[..xz.len() - 30].to_vec(),
+            "the xz-compressed file could not be decompressed: it ends early",
+        ),
+        (
+            "truncated-zst",
+            zst[..zst.len() * 2 / 3].to_vec(),
+            "the zstd-compressed file could not be decompressed: it ends early",
+        ),
+    ];
+    for (name, data, want) in refused {
+        let c = case(&reg, "runr-uploads/platform/xz", name);
+        let path = scratch.path().join(format!("{name}.tar.x"));
+        std::fs::write(&path, &data).unwrap();
+        let err = process(&path, &options(&c, &path, None, Compress::None))
+            .await
+            .expect_err(name)
+            .to_string();
+        assert!(
+            err.starts_with(&format!("{name}.tar.x: {want}")),
+            "{name}: {err}"
+        );
+        assert_no_tag(&reg, &c);
+        assert_eq!(
+            std::fs::read_dir(c.work.path()).unwrap().count(),
+            0,
+            "{name}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,6 +507,62 @@ async fn several_images_are_narrowed_by_name() {
     assert_eq!(verify_pulled(&reg, &c, false), 1);
 }
 
+/// The digest index.json of `archive` names for the image whose `io.containerd.image.name` is
+/// `name`, read with the tar crate.
+fn containerd_digest(archive: &Path, name: &str) -> String {
+    let index: Value = serde_json::from_slice(&tar_entry(archive, "index.json").1).unwrap();
+    let m = index["manifests"].as_array().unwrap().iter().find(|m| {
+        m["annotations"]["io.containerd.image.name"] == name
+            && m["annotations"]["org.opencontainers.image.ref.name"] == "v1"
+    });
+    m.unwrap_or_else(|| panic!("{name} with ref.name v1 in {index}"))["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `ctr export` (and `docker save` on Docker's containerd store) of two images: both entries say
+/// `ref.name=v1`, so only the full name (`io.containerd.image.name`) can tell them apart, and it
+/// decides before the tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_archive_of_two_images_is_narrowed_by_the_full_name() {
+    let reg = Registry::start();
+    let path = fixture("containerd-two.tar");
+    println!(
+        "containerd-two.tar made by: {}",
+        std::fs::read_to_string(fixture("containerd-two.how")).unwrap()
+    );
+    let alpha = containerd_digest(&path, "docker.io/corpus/alpha:v1");
+    let beta = containerd_digest(&path, "docker.io/corpus/beta:v1");
+    assert_ne!(alpha, beta);
+    for (name, want, tag) in [
+        ("corpus/beta:v1", &beta, "beta"),
+        ("corpus/alpha:v1", &alpha, "alpha"),
+        ("docker.io/corpus/beta:v1", &beta, "beta-full"),
+    ] {
+        let c = case(&reg, "runr-uploads/platform/ctr", tag);
+        let info = process(&path, &options(&c, &path, Some(name), Compress::Gzip))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(&info.digest, want, "{name}");
+        assert_eq!(info.source_format, SourceFormat::Oci);
+        assert_tag_is(&reg, &c, &info);
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{name}");
+    }
+    // A full name that is neither: the shared tag does not pick one of them.
+    for name in ["corpus/gamma:v1", "beta:v1"] {
+        let c = case(&reg, "runr-uploads/platform/ctr", "none");
+        let err = process(&path, &options(&c, &path, Some(name), Compress::Gzip))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds 2 images"), "{name}: {err}");
+        assert!(err.contains("none of them named like"), "{name}: {err}");
+        assert!(err.contains("docker.io/corpus/alpha:v1"), "{name}: {err}");
+        assert_no_tag(&reg, &c);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasm_module_is_pushed_and_fetched_back() {
     let reg = Registry::start();
@@ -450,6 +626,103 @@ async fn wasm_module_is_pushed_and_fetched_back() {
     assert!(
         err.to_string().contains("not a WebAssembly module"),
         "{err}"
+    );
+}
+
+/// A module starts `\0asm 01 00 00 00` (wasip1), a component `\0asm 0d 00 01 00` (wasip2);
+/// other version bytes after the magic are neither, and the upload fails naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_version_bytes_decide_module_component_or_refusal() {
+    let reg = Registry::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let module = std::fs::read(fixture("module.wasm")).unwrap();
+    let body = &module[8..];
+    let cases: [(&str, &[u8], Result<&str, &str>); 6] = [
+        ("core", &[1, 0, 0, 0], Ok("wasip1/wasm")),
+        ("component", &[0x0d, 0, 1, 0], Ok("wasip2/wasm")),
+        ("v2", &[2, 0, 0, 0], Err("version bytes 02 00 00 00")),
+        ("draft", &[0x0a, 0, 1, 0], Err("version bytes 0a 00 01 00")),
+        ("layer2", &[0x0d, 0, 2, 0], Err("version bytes 0d 00 02 00")),
+        (
+            "short",
+            &[1, 0],
+            Err("version bytes 01 00 (the file ends there)"),
+        ),
+    ];
+    for (name, version, want) in cases {
+        let mut data = b"\0asm".to_vec();
+        data.extend_from_slice(version);
+        if name != "short" {
+            data.extend_from_slice(body);
+        }
+        let path = scratch.path().join(format!("{name}.wasm"));
+        std::fs::write(&path, &data).unwrap();
+        let c = case(&reg, "runr-uploads/platform/wasmv", name);
+        let got = process(&path, &options(&c, &path, None, Compress::Gzip)).await;
+        match want {
+            Ok(platform) => {
+                let info = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(info.platforms, [platform], "{name}");
+                assert_eq!(info.kind, Kind::Wasm, "{name}");
+                assert_tag_is(&reg, &c, &info);
+            }
+            Err(needle) => {
+                let msg = got.expect_err(name).to_string();
+                assert!(msg.contains(needle), "{name}: {msg}");
+                assert!(msg.contains("neither a WebAssembly core module (01 00 00 00, wasip1) nor a component (0d 00 01 00, wasip2)"), "{name}: {msg}");
+                assert!(msg.starts_with(&format!("{name}.wasm: ")), "{name}: {msg}");
+                assert_no_tag(&reg, &c);
+            }
+        }
+    }
+}
+
+/// The 4 MiB bound on JSON documents holds for an OCI layout's config as for a classic
+/// archive's, with the same message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oci_config_over_4_mib_is_refused_like_a_classic_one() {
+    let reg = Registry::start();
+    let path = fixture("big-config.tar");
+    let index: Value = serde_json::from_slice(&tar_entry(&path, "index.json").1).unwrap();
+    let m = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&tar_entry(&path, &format!("blobs/sha256/{}", &m[7..])).1).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap();
+    let size = manifest["config"]["size"].as_u64().unwrap();
+    assert!(size > 5 << 20, "{size}");
+    let c = case(&reg, "runr-uploads/platform/bigcfg", "1");
+    let err = process(&path, &options(&c, &path, None, Compress::Gzip))
+        .await
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "big-config.tar: the archive entry \"blobs/sha256/{}\" is {size} bytes, more than the 4194304 bytes allowed",
+        &config[7..]
+    );
+    assert_eq!(err, want);
+    assert_no_tag(&reg, &c);
+    // The same bound on a classic archive's config, for the same message.
+    let scratch = tempfile::tempdir().unwrap();
+    let classic = scratch.path().join("big-config.tar");
+    let big = vec![b' '; 5 << 20];
+    std::fs::write(
+        &classic,
+        tar_with(&[
+            (
+                b"manifest.json",
+                br#"[{"Config":"c.json","RepoTags":["a:1"],"Layers":[]}]"#,
+            ),
+            (b"c.json", &big),
+        ]),
+    )
+    .unwrap();
+    let err = process(&classic, &options(&c, &classic, None, Compress::Gzip))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "big-config.tar: the archive entry \"c.json\" is 5242880 bytes, more than the 4194304 bytes allowed"
     );
 }
 
@@ -840,6 +1113,41 @@ async fn docker_save_of_a_scratch_image() {
 }
 
 // === end to end through the real binary ===
+
+/// A `.tar.zst` and a `.tar.xz` through the chunk API: completed, pulled back blob by blob.
+#[test]
+fn compressed_archives_uploaded_through_the_chunk_api() {
+    let reg = Registry::start();
+    for (file, tag) in [("docker-raw.tar.zst", "zst"), ("oci-archive.tar.xz", "xz")] {
+        let data = std::fs::read(fixture(file)).unwrap();
+        let c = case(&reg, "runr-uploads/platform/e2e-compressed", tag);
+        let dir = c.work.path().join("work");
+        std::fs::create_dir(&dir).unwrap();
+        let r = crate::harness::Receiver::for_data(
+            &dir,
+            &data,
+            &[
+                ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+                ("RUNR_UPLOAD_FILENAME", file),
+            ],
+        );
+        assert_eq!(r.put(0, &data).0, 200);
+        assert_eq!(r.complete().0, 202);
+        let s = r.wait_status("the push to finish", |s| {
+            s["status"] == "completed" || s["status"] == "failed"
+        });
+        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
+        // Only the upload and its state are left: the decompressed copy was unlinked.
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("upload."))
+            .collect();
+        left.sort();
+        assert_eq!(left, Vec::<String>::new(), "{file}");
+    }
+}
 
 #[test]
 fn docker_archive_uploaded_through_the_chunk_api() {

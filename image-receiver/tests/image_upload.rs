@@ -7,10 +7,13 @@
 //! - `upload`: the chunk protocol, refusals, restarts, verification, bad configuration;
 //! - `image`: every format pushed and pulled back blob by blob, bad inputs, registry trouble,
 //!   and an archive uploaded through the chunk API end to end;
+//! - `load`: peak memory under 64 concurrent 8 MiB chunks and the push, and concurrent pushes
+//!   of many blobs pulled back byte for byte;
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
 //!   credentials or CA, and what a refusal or a certificate problem says.
 
 mod harness;
 mod image;
+mod load;
 mod registry_auth;
 mod upload;

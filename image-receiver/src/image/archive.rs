@@ -219,6 +219,12 @@ impl Archive {
             })
     }
 
+    /// Every entry's name (fuzzing looks each one up).
+    #[cfg(any(test, feature = "fuzz"))]
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
     /// The open archive file, for positioned reads of spans.
     pub fn file(&self) -> &Arc<File> {
         &self.file

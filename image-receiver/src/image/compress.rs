@@ -1,14 +1,17 @@
-//! gzip, both ways: the uncompressed layers of a classic archive are compressed before they are
-//! pushed (`RUNR_UPLOAD_COMPRESS=gzip`), a gzip'ed layer is checked against its diff_id, and a
-//! whole archive that arrived gzip'ed is unwrapped before it is indexed.
+//! Compression, both ways: the uncompressed layers of a classic archive are gzip'ed before they
+//! are pushed (`RUNR_UPLOAD_COMPRESS=gzip`), a gzip'ed layer is checked against its diff_id, and
+//! a whole archive that arrived compressed (gzip, xz or zstd) is unwrapped before it is indexed;
+//! other compressions are recognised by their magic ([`recognise`]) to say what the file is.
 //!
 //! - Layers are compressed into an unlinked temporary file in `RUNR_UPLOAD_DIR`: 1 MiB blocks,
 //!   two at a time on two threads, each an independent gzip member (a multi-member stream, which
 //!   every gzip reader, Go's included, reads as one); blocks that do not compress are stored.
 //!   The file is then pushed like any blob, so its digest is known before the push (HEAD-skip,
 //!   monolithic PUT).
-//! - A whole-archive gzip is decompressed into another unlinked temporary file, bounded: a gzip
-//!   bomb stops at the declared size plus [`DECOMPRESS_HEADROOM`].
+//! - A whole compressed archive is decompressed into another unlinked temporary file, bounded: a
+//!   bomb stops at the declared size plus [`DECOMPRESS_HEADROOM`]. The decoders stream with
+//!   bounded memory: xz needs the stream's dictionary (8 MiB for xz's default preset, at most
+//!   64 MiB, xz -9's), zstd its window (at most 8 MiB up to level 19, refused above 128 MiB).
 //!
 //! Everything here is blocking file I/O and CPU: callers run it on a blocking thread.
 
@@ -27,7 +30,7 @@ use crate::image::span::{Span, SpanReader};
 const GZIP_BLOCK: usize = 1 << 20;
 /// Bytes read from the archive and written out per step of a decompression.
 const IO_BLOCK: usize = 1 << 20;
-/// Room a whole-archive gzip may take beyond the declared size once decompressed.
+/// Room a whole compressed archive may take beyond the declared size once decompressed.
 pub const DECOMPRESS_HEADROOM: u64 = 512 << 20;
 
 /// How the layers of a classic `docker save` archive are pushed when they arrive uncompressed
@@ -85,51 +88,63 @@ pub fn compress_layer(
     let tmp_path = scratch_path(work_dir, "layer", "gz");
     let out = create_unlinked(&tmp_path)
         .map_err(|e| io_err(format!("creating {}", tmp_path.display()), e))?;
-    let mut writer = io::BufWriter::with_capacity(1 << 20, &out);
+    // Members are about a block each: written as they come, no buffer in between.
+    let mut writer = &out;
     // Not a hashing reader: the raw blocks are hashed below while they compress.
     let mut reader = SpanReader::new(file.clone(), span);
     let mut raw = Sha256Hasher::new();
     let mut packed = Sha256Hasher::new();
     let mut len = 0u64;
-    let mut first = true;
-    while reader.remaining() > 0 || first {
-        first = false;
-        let mut blocks = Vec::with_capacity(2);
+    // Two workers for the whole layer, block k on worker k % 2, each handed back its input and
+    // output buffers with the member: four buffers per layer, allocated once, and two threads
+    // rather than two per block (threads and fresh buffers each cost memory of their own).
+    std::thread::scope(|s| -> Result<(), LayerError> {
+        let mut workers = Vec::with_capacity(2);
         for _ in 0..2 {
-            if reader.remaining() == 0 && !blocks.is_empty() {
+            let (to, inbox) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
+            let (done, back) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
+            s.spawn(move || {
+                for (block, mut member) in inbox {
+                    gzip_member_into(&block, &mut member);
+                    if done.send((block, member)).is_err() {
+                        return;
+                    }
+                }
+            });
+            workers.push((to, back, Some((Vec::new(), Vec::new()))));
+        }
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut next = 0usize;
+        let mut first = true;
+        loop {
+            // Keep both workers busy while there is input (an empty layer still gets one
+            // member: a gzip stream of nothing).
+            while in_flight.len() < 2 && (reader.remaining() > 0 || first) {
+                first = false;
+                let (to, _, spare) = &mut workers[next];
+                let (mut block, member) = spare.take().expect("an idle worker has its buffers");
+                block.resize(GZIP_BLOCK.min(reader.remaining() as usize), 0);
+                reader
+                    .read_exact(&mut block)
+                    .map_err(|e| io_err("reading the archive".into(), e))?;
+                raw.update(&block);
+                to.send((block, member)).expect("gzip worker");
+                in_flight.push_back(next);
+                next = (next + 1) % 2;
+            }
+            let Some(w) = in_flight.pop_front() else {
                 break;
-            }
-            let block = reader
-                .read_block(GZIP_BLOCK)
-                .map_err(|e| io_err("reading the archive".into(), e))?;
-            blocks.push(block);
-        }
-        // Both blocks compress on threads of their own while this one hashes them in order.
-        let members: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let workers: Vec<_> = blocks
-                .iter()
-                .map(|b| s.spawn(move || gzip_member(b)))
-                .collect();
-            for b in &blocks {
-                raw.update(b);
-            }
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("gzip thread"))
-                .collect()
-        });
-        for m in members {
-            packed.update(&m);
-            len += m.len() as u64;
+            };
+            let (block, member) = workers[w].1.recv().expect("gzip worker");
+            packed.update(&member);
+            len += member.len() as u64;
             writer
-                .write_all(&m)
+                .write_all(&member)
                 .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
+            workers[w].2 = Some((block, member));
         }
-    }
-    writer
-        .flush()
-        .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
-    drop(writer);
+        Ok(())
+    })?;
     let actual = raw.finish();
     if actual != diff_id {
         return Err(LayerError::DiffId {
@@ -161,12 +176,84 @@ pub fn gzip_digests(file: &Arc<File>, span: Span) -> io::Result<(String, String)
     Ok((src.digest().expect("a hashing reader"), raw.finish()))
 }
 
-/// Why a whole-archive gzip could not be unwrapped.
+/// How a whole archive arrived compressed, recognised by its magic bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// gzip (`1f 8b`), also multi-member (pigz, concatenated files).
+    Gzip,
+    /// xz (`fd 37 7a 58 5a 00`), also multi-block (`xz -T`) and concatenated streams.
+    Xz,
+    /// zstd (`28 b5 2f fd`), also several frames (`pzstd`, concatenated files, skippable frames).
+    Zstd,
+    /// A compression recognised but not unpacked; the name is for the message.
+    Other(&'static str),
+}
+
+impl Compression {
+    /// What the user knows it as.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+            Compression::Other(name) => name,
+        }
+    }
+}
+
+/// The compression `head` (a file's first 16 bytes or fewer) starts with, if any.
+pub fn recognise(head: &[u8]) -> Option<Compression> {
+    const BZIP2_BLOCK: &[u8] = &[0x31, 0x41, 0x59, 0x26, 0x53, 0x59];
+    const BZIP2_END: &[u8] = &[0x17, 0x72, 0x45, 0x38, 0x50, 0x90];
+    let bzip2 = head.len() >= 10
+        && head.starts_with(b"BZh")
+        && (b'1'..=b'9').contains(&head[3])
+        && (head[4..10] == *BZIP2_BLOCK || head[4..10] == *BZIP2_END);
+    let kind = if head.starts_with(&[0x1f, 0x8b]) {
+        Compression::Gzip
+    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+        Compression::Xz
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || is_skippable_zstd(head) {
+        Compression::Zstd
+    } else if bzip2 {
+        Compression::Other("bzip2")
+    } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18])
+        || head.starts_with(&[0x02, 0x21, 0x4c, 0x18])
+    {
+        Compression::Other("lz4")
+    } else if head.starts_with(b"LZIP") {
+        Compression::Other("lzip")
+    } else if head.starts_with(&[0x1f, 0x9d]) {
+        Compression::Other("compress (.Z)")
+    } else {
+        return None;
+    };
+    Some(kind)
+}
+
+/// A zstd skippable frame (`pzstd` starts its files with one): magic `5? 2a 4d 18`.
+fn is_skippable_zstd(head: &[u8]) -> bool {
+    head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18]
+}
+
+/// Largest xz dictionary decompressed with: xz's largest preset (`-9`, 64 MiB). The decoder
+/// needs the whole dictionary in memory.
+const MAX_XZ_DICT: usize = 64 << 20;
+/// Largest zstd window decompressed with: what `zstd -d` accepts without `--memory` (128 MiB,
+/// `--long`'s default). Levels up to 19 use 8 MiB at most.
+const MAX_ZSTD_WINDOW: u64 = 128 << 20;
+
+/// Why a whole compressed archive could not be unwrapped.
 #[derive(Debug, thiserror::Error)]
 pub enum DecompressError {
-    /// The gzip stream is broken, or expands beyond the limit.
-    #[error("the gzip'ed file could not be decompressed: {0}")]
-    Gzip(String),
+    /// The stream is broken, or expands beyond the limit.
+    #[error("the {format}-compressed file could not be decompressed: {reason}")]
+    Corrupt {
+        /// `gzip`, `xz`, `zstd`.
+        format: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// Our own temporary file could not be created or written.
     #[error("failed to {what}: {source}")]
     Io {
@@ -178,15 +265,18 @@ pub enum DecompressError {
     },
 }
 
-/// Decompresses the whole-archive gzip in `file` (`len` bytes) into an unlinked temporary file
-/// in `work_dir`, at most `limit` bytes (a gzip bomb stops there). Returns the file and its
-/// length.
+/// Decompresses the whole archive in `file` (`len` bytes, compressed with `kind`) into an
+/// unlinked temporary file in `work_dir`, at most `limit` bytes (a bomb stops there). Returns
+/// the file and its length.
 pub fn decompress_archive(
     file: &Arc<File>,
     len: u64,
+    kind: Compression,
     work_dir: &Path,
     limit: u64,
 ) -> Result<(Arc<File>, u64), DecompressError> {
+    let format = kind.name();
+    let corrupt = |reason: String| DecompressError::Corrupt { format, reason };
     let mut out =
         create_unlinked(&scratch_path(work_dir, "decompressed", "tar")).map_err(|source| {
             DecompressError::Io {
@@ -194,21 +284,31 @@ pub fn decompress_archive(
                 source,
             }
         })?;
-    let reader =
+    let source =
         io::BufReader::with_capacity(IO_BLOCK, SpanReader::new(file.clone(), Span::whole(len)));
-    let mut gz = flate2::read::MultiGzDecoder::new(reader);
+    let mut decoder: Box<dyn Read> = match kind {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(source)),
+        Compression::Xz => Box::new(XzStreams::new(source)),
+        Compression::Zstd => Box::new(ZstdFrames::new(source)),
+        Compression::Other(name) => {
+            return Err(corrupt(format!("{name} is not unpacked here")));
+        }
+    };
     let mut buf = vec![0u8; IO_BLOCK];
     let mut total = 0u64;
     loop {
-        let k = match gz.read(&mut buf) {
+        let k = match decoder.read(&mut buf) {
             Ok(0) => break,
             Ok(k) => k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(DecompressError::Gzip(e.to_string())),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(corrupt("it ends early (truncated?)".into()))
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
         };
         total += k as u64;
         if total > limit {
-            return Err(DecompressError::Gzip(format!(
+            return Err(corrupt(format!(
                 "it expands to more than {limit} bytes (the declared size plus 512 MiB); \
                  upload the .tar itself"
             )));
@@ -220,6 +320,235 @@ pub fn decompress_archive(
             })?;
     }
     Ok((Arc::new(out), total))
+}
+
+// === xz ===
+
+/// Bytes of compressed input the xz decoder is handed at a time.
+const XZ_INPUT: usize = 64 << 10;
+
+/// The concatenated xz streams of `source`, decompressed: each stream is decoded to its end,
+/// then the NUL padding between streams (a multiple of four bytes, which the decoder leaves to
+/// its caller) is skipped and the decoder starts over on the next.
+struct XzStreams<R> {
+    source: R,
+    decoder: Box<xz4rust::XzDecoder<'static>>,
+    input: Vec<u8>,
+    pos: usize,
+    filled: usize,
+    /// Between two streams (or before the first): padding may follow, or the end.
+    between: bool,
+    padding: usize,
+    /// At least one stream was decoded whole.
+    streams: usize,
+}
+
+impl<R: Read> XzStreams<R> {
+    fn new(source: R) -> XzStreams<R> {
+        XzStreams {
+            source,
+            // Grows to the dictionary the stream declares, refusing more than MAX_XZ_DICT.
+            decoder: xz4rust::XzDecoder::in_heap_with_alloc_dict_size(1 << 20, MAX_XZ_DICT),
+            input: vec![0u8; XZ_INPUT],
+            pos: 0,
+            filled: 0,
+            between: false,
+            padding: 0,
+            streams: 0,
+        }
+    }
+
+    /// Reads more input after what is left unconsumed; false at the end of the source.
+    fn refill(&mut self) -> io::Result<bool> {
+        self.input.copy_within(self.pos..self.filled, 0);
+        self.filled -= self.pos;
+        self.pos = 0;
+        if self.filled == self.input.len() {
+            self.input.resize(self.input.len() * 2, 0);
+        }
+        let n = self.source.read(&mut self.input[self.filled..])?;
+        self.filled += n;
+        Ok(n > 0)
+    }
+}
+
+fn xz_error(e: xz4rust::XzError) -> io::Error {
+    let text = match e {
+        xz4rust::XzError::DictionaryTooLarge(n) => format!(
+            "its dictionary is {} MiB, more than the {} MiB of xz -9, the largest it is \
+             decompressed with; compress it with xz -9 or a lower preset",
+            n >> 20,
+            MAX_XZ_DICT >> 20
+        ),
+        e => format!("{e:?}"),
+    };
+    io::Error::other(text)
+}
+
+impl<R: Read> Read for XzStreams<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if self.pos == self.filled && !self.refill()? {
+                // The end of the file: only whole streams and whole padding may come before it.
+                if !self.between {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                if !self.padding.is_multiple_of(4) {
+                    return Err(io::Error::other(
+                        "the padding after the last stream is not a multiple of four bytes",
+                    ));
+                }
+                return Ok(0);
+            }
+            if self.between {
+                while self.pos < self.filled && self.input[self.pos] == 0 {
+                    self.pos += 1;
+                    self.padding += 1;
+                }
+                if self.pos == self.filled {
+                    continue;
+                }
+                if !self.padding.is_multiple_of(4) {
+                    return Err(io::Error::other(
+                        "the padding between two streams is not a multiple of four bytes",
+                    ));
+                }
+                self.decoder.reset();
+                self.between = false;
+                self.padding = 0;
+            }
+            match self.decoder.decode(&self.input[self.pos..self.filled], buf) {
+                Ok(xz4rust::XzNextBlockResult::NeedMoreData(used, made)) => {
+                    self.pos += used;
+                    if made > 0 {
+                        return Ok(made);
+                    }
+                    if used == 0 && !self.refill()? {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Ok(xz4rust::XzNextBlockResult::EndOfStream(used, made)) => {
+                    self.pos += used;
+                    self.between = true;
+                    self.streams += 1;
+                    if made > 0 {
+                        return Ok(made);
+                    }
+                }
+                Err(xz4rust::XzError::NeedsLargerInputBuffer) => {
+                    if !self.refill()? {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Err(e) => return Err(xz_error(e)),
+            }
+        }
+    }
+}
+
+// === zstd ===
+
+/// The zstd frames of `source`, decompressed one after the other (skippable frames skipped),
+/// each checked against its content checksum when it has one.
+struct ZstdFrames<R> {
+    source: R,
+    decoder: ruzstd::decoding::FrameDecoder,
+    in_frame: bool,
+}
+
+impl<R: io::BufRead> ZstdFrames<R> {
+    fn new(source: R) -> ZstdFrames<R> {
+        let mut decoder = ruzstd::decoding::FrameDecoder::new();
+        decoder.set_max_window_size(MAX_ZSTD_WINDOW);
+        ZstdFrames {
+            source,
+            decoder,
+            in_frame: false,
+        }
+    }
+
+    /// Starts the next frame; false at the end of the source.
+    fn next_frame(&mut self) -> io::Result<bool> {
+        use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
+        loop {
+            if self.source.fill_buf()?.is_empty() {
+                return Ok(false);
+            }
+            match self.decoder.reset(&mut self.source) {
+                Ok(()) => return Ok(true),
+                Err(FrameDecoderError::ReadFrameHeaderError(ReadFrameHeaderError::SkipFrame {
+                    length,
+                    ..
+                })) => {
+                    let skipped =
+                        io::copy(&mut (&mut self.source).take(length.into()), &mut io::sink())?;
+                    if skipped < u64::from(length) {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Err(FrameDecoderError::WindowSizeTooBig { requested, max }) => {
+                    return Err(io::Error::other(format!(
+                        "its window is {} MiB, more than the {} MiB it is decompressed with (what \
+                         zstd -d accepts without --memory); compress it without --long or --ultra",
+                        requested >> 20,
+                        max >> 20
+                    )))
+                }
+                Err(e) => return Err(io::Error::other(e.to_string())),
+            }
+        }
+    }
+}
+
+impl<R: io::BufRead> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use ruzstd::decoding::BlockDecodingStrategy;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if !self.in_frame {
+                if !self.next_frame()? {
+                    return Ok(0);
+                }
+                self.in_frame = true;
+            }
+            let n = self.decoder.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.decoder.is_finished() {
+                let (found, computed) = (
+                    self.decoder.get_checksum_from_data(),
+                    self.decoder.get_calculated_checksum(),
+                );
+                if let (Some(found), Some(computed)) = (found, computed) {
+                    if found != computed {
+                        return Err(io::Error::other(format!(
+                            "a frame's content checksum is {found:08x} but its content hashes to \
+                             {computed:08x}: the file is damaged"
+                        )));
+                    }
+                }
+                self.in_frame = false;
+                continue;
+            }
+            if let Err(e) = self
+                .decoder
+                .decode_blocks(&mut self.source, BlockDecodingStrategy::UptoBlocks(1))
+            {
+                // A frame cut short fails in whichever part it was cut: what tells is that
+                // the file has nothing left.
+                if self.source.fill_buf()?.is_empty() {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                return Err(io::Error::other(e.to_string()));
+            }
+        }
+    }
 }
 
 /// Makes temporary names unique within the process.
@@ -247,24 +576,39 @@ fn create_unlinked(path: &Path) -> io::Result<File> {
 /// One self-contained gzip member of `data`: level 1, or stored blocks when a sample shows the
 /// data does not compress (random or already-compressed files in a layer are common, and
 /// deflating them costs a core for nothing).
+#[cfg(test)]
 fn gzip_member(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    gzip_member_into(data, &mut out);
+    out
+}
+
+/// [`gzip_member`] into `out` (emptied first, its capacity reused).
+fn gzip_member_into(data: &[u8], out: &mut Vec<u8>) {
+    out.clear();
     if !compresses(&data[..data.len().min(SAMPLE)]) {
-        return gzip_stored(data);
+        gzip_stored_into(data, out);
+        return;
     }
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(data.len() / 2 + 1024),
-        flate2::Compression::fast(),
-    );
+    let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::fast());
     enc.write_all(data).expect("write to memory");
-    enc.finish().expect("finish in memory")
+    enc.finish().expect("finish in memory");
 }
 
 /// A gzip member of stored (uncompressed) deflate blocks, RFC 1952 around RFC 1951 §3.2.4.
 /// Written here because flate2's level 0 still runs its compressor over every byte; this is a
 /// copy and a CRC.
+#[cfg(test)]
 fn gzip_stored(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    gzip_stored_into(data, &mut out);
+    out
+}
+
+/// [`gzip_stored`] appended to `out`.
+fn gzip_stored_into(data: &[u8], out: &mut Vec<u8>) {
     const MAX_STORED: usize = 65_535;
-    let mut out = Vec::with_capacity(data.len() + data.len() / MAX_STORED * 5 + 32);
+    out.reserve(data.len() + data.len() / MAX_STORED * 5 + 32);
     // Magic, deflate, no flags, no mtime, no extra flags, OS unknown.
     out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255]);
     let mut blocks = data.chunks(MAX_STORED).peekable();
@@ -283,7 +627,6 @@ fn gzip_stored(data: &[u8]) -> Vec<u8> {
     crc.update(data);
     out.extend_from_slice(&crc.sum().to_le_bytes());
     out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out
 }
 
 /// Bytes of a block tried first to decide how to compress it (1.6 % of a block: deflating the
@@ -304,6 +647,112 @@ fn compresses(sample: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tool args` with `data` on stdin (the real xz and zstd).
+    fn run(tool: &str, args: &[&str], data: &[u8]) -> Vec<u8> {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(tool)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{tool}: {e}"));
+        let mut stdin = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        let writer = std::thread::spawn(move || stdin.write_all(&data));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(out.status.success(), "{tool} {args:?}");
+        out.stdout
+    }
+
+    /// Hands out one byte per read: every refill path of the decoders is taken.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match (self.0.split_first(), buf.first_mut()) {
+                (Some((b, rest)), Some(out)) => {
+                    *out = *b;
+                    self.0 = rest;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut x = 7u32;
+        (0..300_000u32)
+            .map(|i| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                if i % 3 == 0 {
+                    (x >> 24) as u8
+                } else {
+                    b'a' + (i % 7) as u8
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn xz_streams_and_zstd_frames_decode_whole_whatever_the_reads() {
+        let data = sample();
+        let (a, b) = data.split_at(123_457);
+        let mut xz = run("xz", &["-T1", "-c"], a);
+        xz.extend_from_slice(&[0; 8]);
+        xz.extend(run("xz", &["-T1", "--check=sha256", "-c"], b));
+        let mut zst = run("zstd", &["-q", "-c"], a);
+        zst.extend_from_slice(b"\x5f\x2a\x4d\x18\x02\x00\x00\x00zz");
+        zst.extend(run("zstd", &["-q", "-19", "-c"], b));
+        for reads_of_one in [false, true] {
+            let mut out = Vec::new();
+            let source: Box<dyn Read> = if reads_of_one {
+                Box::new(Trickle(&xz))
+            } else {
+                Box::new(&xz[..])
+            };
+            XzStreams::new(source).read_to_end(&mut out).unwrap();
+            assert!(out == data, "xz, reads of one byte: {reads_of_one}");
+            let mut out = Vec::new();
+            let capacity = if reads_of_one { 1 } else { 1 << 16 };
+            let source = io::BufReader::with_capacity(capacity, Trickle(&zst));
+            ZstdFrames::new(source).read_to_end(&mut out).unwrap();
+            assert!(out == data, "zstd, reads of one byte: {reads_of_one}");
+        }
+        // Padding that is not a multiple of four, and a checksum that does not match.
+        let mut bad = run("xz", &["-c"], a);
+        bad.extend_from_slice(&[0; 3]);
+        let err = XzStreams::new(&bad[..])
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("multiple of four"), "{err}");
+        let mut bad = run("zstd", &["-q", "-c"], a);
+        let at = bad.len() - 2;
+        bad[at] ^= 1;
+        let err = ZstdFrames::new(&bad[..])
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    #[test]
+    fn compressions_recognised_by_their_magic() {
+        let of = |head: &[u8]| recognise(head).map(Compression::name);
+        assert_eq!(of(&[0x1f, 0x8b, 8]), Some("gzip"));
+        assert_eq!(of(b"\xfd7zXZ\0\0\x04"), Some("xz"));
+        assert_eq!(of(&[0x28, 0xb5, 0x2f, 0xfd, 0x24]), Some("zstd"));
+        assert_eq!(of(&[0x50, 0x2a, 0x4d, 0x18, 0, 0, 0, 0]), Some("zstd"));
+        assert_eq!(of(b"BZh91AY&SY\0\0"), Some("bzip2"));
+        assert_eq!(of(&[0x04, 0x22, 0x4d, 0x18, 0x64]), Some("lz4"));
+        assert_eq!(of(b"LZIP\x01"), Some("lzip"));
+        assert_eq!(of(&[0x1f, 0x9d, 0x90]), Some("compress (.Z)"));
+        // A tar whose first entry is called BZh9 is not bzip2.
+        assert_eq!(of(b"BZh9-notes.txt\0\0"), None);
+        assert_eq!(of(b"manifest.json\0\0\0"), None);
+        assert_eq!(of(b""), None);
+    }
 
     #[test]
     fn members_decompress_to_the_input_whether_stored_or_deflated() {

@@ -24,6 +24,16 @@ use crate::image::formats::{self, media, DetectOptions, Detected, RawManifest};
 use crate::image::push::{PushError, Pusher};
 use crate::image::span::{Span, SpanReader};
 
+/// Blobs pushed at once (across the layers of one image and across platforms): the registry
+/// takes parallel uploads faster than one at a time (the distribution registry: 1 GiB in four
+/// layers 3.71 s one at a time, 2.63 s two, 2.40 s four at a time), and each blob in flight
+/// holds about a read block of memory.
+pub const PUSH_CONCURRENCY: usize = 4;
+
+/// Classic layers compressed (or gzip'ed ones decompressed to check their diff_id) at once:
+/// one, since each uses both cores; the others push meanwhile.
+const CPU_CONCURRENCY: usize = 1;
+
 /// Everything [`process`] needs to know besides the file.
 #[derive(Debug, Clone)]
 pub struct ProcessOptions {
@@ -138,6 +148,7 @@ pub async fn process_with(
                     work_dir: &work_dir,
                     declared_size,
                     upload_name: upload_name.as_deref(),
+                    headroom: compress::DECOMPRESS_HEADROOM,
                 },
             )
         })
@@ -165,7 +176,9 @@ pub async fn process_with(
     })
 }
 
-/// Blobs (two at a time), then child manifests, then the tag; then the read-back.
+/// Blobs ([`PUSH_CONCURRENCY`] at a time, every platform's together), then the image manifests
+/// (as many at a time), then the indexes below the top in order (children before parents),
+/// then the tag; then the read-back.
 async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
     let blobs = image.blobs.clone();
@@ -175,10 +188,24 @@ async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushErr
         .map(|b| pusher.push_span(&file, b.span, &b.digest, b.what).boxed())
         .collect();
     futures_util::stream::iter(pushes)
-        .buffer_unordered(2)
+        .buffer_unordered(PUSH_CONCURRENCY)
         .try_collect::<Vec<bool>>()
         .await?;
-    for m in &image.children {
+    // An image manifest names blobs only, all pushed: any order. An index names manifests,
+    // which must be there first: `children` lists children before parents.
+    let (indexes, manifests): (Vec<&RawManifest>, Vec<&RawManifest>) = image
+        .children
+        .iter()
+        .partition(|m| m.media_type == media::OCI_INDEX || m.media_type == media::DOCKER_LIST);
+    let pushes: Vec<BoxFuture<'_, Result<(), PushError>>> = manifests
+        .into_iter()
+        .map(|m| pusher.push_manifest(m, false).boxed())
+        .collect();
+    futures_util::stream::iter(pushes)
+        .buffer_unordered(PUSH_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    for m in indexes {
         pusher.push_manifest(m, false).await?;
     }
     pusher.push_manifest(&image.top, true).await?;
@@ -224,14 +251,16 @@ async fn push_docker(
     let layers: Vec<Value> = match reused {
         Some(layers) => layers,
         None => {
+            let cpu = tokio::sync::Semaphore::new(CPU_CONCURRENCY);
             let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
                 .layers
                 .iter()
-                .map(|l| push_docker_layer(pusher, &file, l, compress, work_dir).boxed())
+                .map(|l| push_docker_layer(pusher, &file, l, compress, work_dir, &cpu).boxed())
                 .collect();
-            // Two layers at once: one compresses (on both cores) while the other is pushed.
+            // Layers in order (the manifest lists them so), PUSH_CONCURRENCY at once: one
+            // compresses (on both cores) while the others are pushed.
             futures_util::stream::iter(pushes)
-                .buffered(2)
+                .buffered(PUSH_CONCURRENCY)
                 .try_collect()
                 .await?
         }
@@ -273,8 +302,10 @@ async fn push_docker_layer(
     layer: &DockerLayer,
     compress: Compress,
     work_dir: &Path,
+    cpu: &tokio::sync::Semaphore,
 ) -> Result<Value, PushError> {
     let (media_type, digest, size) = if layer.gzipped {
+        let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
         // be checked against the diff_id, so read it once before pushing.
         let (digest, diff_id) = {
@@ -290,6 +321,7 @@ async fn push_docker_layer(
                     ))
                 })?
         };
+        drop(permit);
         if diff_id != layer.diff_id {
             let mismatch = compress::LayerError::DiffId {
                 name: layer.name.clone(),
@@ -301,6 +333,7 @@ async fn push_docker_layer(
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
     } else if compress == Compress::Gzip {
+        let permit = cpu.acquire().await.expect("the semaphore is never closed");
         let (packed, size, digest) = {
             let file = file.clone();
             let span = layer.span;
@@ -314,6 +347,7 @@ async fn push_docker_layer(
             .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))?
             .map_err(|e| PushError::Content(e.to_string()))?
         };
+        drop(permit);
         pusher
             .push_own_file(&packed, Span::whole(size), &digest, "layer")
             .await?;

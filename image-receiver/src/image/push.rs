@@ -5,7 +5,7 @@
 //! - Blobs stream from their offsets in the archive in one monolithic `PUT` each (a second
 //!   oci-client with `use_monolithic_push`: the chunked mode PATCHes 4 MiB at a time, a size
 //!   oci-client fixes, and the distribution registry pays per PATCH — ~2.5× slower on 1 GiB).
-//!   Never whole in memory: 4 MiB reads feed the request body. The stream hashes what it sends
+//!   Never whole in memory: 1 MiB reads feed the request body. The stream hashes what it sends
 //!   and fails before the upload is committed when the bytes do not match the digest, so a
 //!   damaged file is reported in its own terms and nothing wrong lands in the registry.
 //! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob.
@@ -31,8 +31,10 @@ use crate::image::span::{Span, SpanReader};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
-/// Bytes read (and sent) per step: oci-client PATCHes each stream item of up to 4 MiB as is.
-const BLOCK: usize = 4 << 20;
+/// Bytes read (and sent) per step. One request body per blob (monolithic PUT): the size only
+/// sets how much memory each blob in flight holds (a read block, and what hyper has not
+/// written to the socket yet).
+const BLOCK: usize = 1 << 20;
 /// Seen in the registry's logs.
 const USER_AGENT: &str = concat!("runr-image-upload/", env!("CARGO_PKG_VERSION"));
 
@@ -326,7 +328,7 @@ fn stream_error(message: &str) -> OciDistributionError {
     OciDistributionError::GenericError(Some(message.to_string()))
 }
 
-/// `span` of `file`, 4 MiB per item, hashed. The last block is checked before it is handed over:
+/// `span` of `file`, [`BLOCK`] per item, hashed. The last block is checked before it is handed over:
 /// on a mismatch with `digest` an error item takes its place (and is recorded in `mismatch`), so
 /// the request body ends short and the registry never commits the upload.
 fn span_stream(
@@ -349,8 +351,12 @@ fn span_stream(
         async move {
             // `None` once the last block (or an error) went out.
             let mut reader = state?;
+            // Allocated here, on a runtime thread, like the memory hyper frees once it sent
+            // the block: the blocking thread only reads into it.
+            let mut buf =
+                vec![0u8; usize::try_from(reader.remaining()).map_or(BLOCK, |r| r.min(BLOCK))];
             let read = tokio::task::spawn_blocking(move || {
-                let buf = reader.read_block(BLOCK)?;
+                reader.fill(&mut buf)?;
                 Ok::<_, std::io::Error>((buf, reader))
             })
             .await;

@@ -74,6 +74,20 @@ impl SpanReader {
         Ok(buf)
     }
 
+    /// Fills `buf` with the next `buf.len()` bytes of the span (at most what remains): a file
+    /// that ends before its span does is an [`io::ErrorKind::UnexpectedEof`] error.
+    pub fn fill(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if buf.len() as u64 > self.remaining() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "more than the span holds",
+            ));
+        }
+        self.file.read_exact_at(buf, self.pos)?;
+        self.advance(buf);
+        Ok(())
+    }
+
     /// Reads (and hashes) the rest of the span, discarding it.
     pub fn consume(&mut self) -> io::Result<()> {
         let mut buf = vec![0u8; CONSUME_BLOCK];

@@ -1,17 +1,19 @@
 //! The upload on disk and its life cycle: chunks written at their offsets into one data file,
-//! the merged ranges kept in a small state file next to it, the SHA-256 computed as the
+//! the merged ranges kept in a snapshot and a journal next to it, the SHA-256 computed as the
 //! contiguous prefix grows, and the background work of `complete` (verify, then process).
 //!
-//! Files, both in `RUNR_UPLOAD_DIR` and nowhere else:
+//! Files, all in `RUNR_UPLOAD_DIR` and nowhere else:
 //! - [`DATA_FILE`]: the upload itself, written with `pwrite` at each chunk's offset;
-//! - [`STATE_FILE`]: the byte ranges held and the state ([`state`]).
+//! - `upload.state.json` and `upload.journal`: the byte ranges held and the state ([`state`]):
+//!   a snapshot, and one record appended per chunk since.
 //!
-//! Modules: [`ranges`] (the merged byte ranges), [`state`] (what `GET /status` says and the
-//! state file), [`hasher`] (the running SHA-256), [`server`] (the HTTP API).
+//! Modules: [`ranges`] (the merged byte ranges), [`state`] (what `GET /status` says, the
+//! snapshot and the journal), [`hasher`] (the running SHA-256), [`server`] (the HTTP API).
 //!
-//! Crash safety: a range enters the state file only after `pwrite` returned for every byte of
-//! it, and the state file is replaced by rename, so it never claims bytes that are not in the
-//! data file. Both live in the page cache, which outlives the process: a receiver killed with
+//! Crash safety: a range enters the journal only after `pwrite` returned for every byte of it,
+//! and before the chunk is answered; a record cut short is detected by its length and CRC and
+//! ignored, and the snapshot is replaced by rename, so neither ever claims bytes that are not in
+//! the data file. Both live in the page cache, which outlives the process: a receiver killed with
 //! SIGKILL (a container restart inside the pod, where the emptyDir survives) finds exactly what
 //! it answered. No fsync: it would halve ingest on this disk and only protects against a
 //! kernel crash, after which Kubernetes gives the pod a new emptyDir anyway.
@@ -31,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::hasher::Hasher;
 use self::ranges::Ranges;
-use self::state::{read_state, write_state, Persisted, Phase, State, Status, STATE_FILE};
+use self::state::{Persisted, Phase, State, Status, Store, STATE_FILE};
 
 pub(crate) mod hasher;
 pub(crate) mod ranges;
@@ -40,6 +42,10 @@ pub(crate) mod state;
 
 /// The uploaded file, inside the upload directory.
 pub const DATA_FILE: &str = "upload.data";
+
+/// Writes up to this size go to the page cache from the request's own task: one small `pwrite`
+/// costs less than the hop to a blocking thread and back (most of a one-byte chunk's time).
+const INLINE_WRITE: usize = 64 * 1024;
 
 /// Largest chunk accepted (`413` above).
 pub const MAX_CHUNK: u64 = 16 * 1024 * 1024;
@@ -144,14 +150,14 @@ struct Inner {
 
 /// One upload: its files, its ranges, its digest and its state.
 pub struct Upload {
-    dir: PathBuf,
     data_path: PathBuf,
     size: u64,
     sha256: String,
     file: File,
     inner: Mutex<Inner>,
-    /// Serializes state-file writes (each one snapshots the newest state).
-    persist_lock: Mutex<()>,
+    /// The snapshot and journal; its lock also orders their writes (a snapshot reads the
+    /// newest state while holding it).
+    store: Mutex<Store>,
     hasher: Arc<Hasher>,
 }
 
@@ -177,7 +183,7 @@ impl Upload {
                 source,
             })?;
         let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let previous = read_state(&dir.join(STATE_FILE), size, sha256);
+        let (previous, store) = Store::load(dir, size, sha256);
         let mut inner = Inner {
             phase: Phase::Open,
             received: Ranges::new(),
@@ -228,16 +234,16 @@ impl Upload {
         })?;
         let prefix = inner.received.contiguous_prefix();
         let upload = Arc::new(Upload {
-            dir: dir.to_path_buf(),
             data_path,
             size,
             sha256: sha256.to_string(),
             file,
             inner: Mutex::new(inner),
-            persist_lock: Mutex::new(()),
+            store: Mutex::new(store),
             hasher: Hasher::start(reader, size).map_err(OpenError::Thread)?,
         });
         upload.hasher.advance(0, prefix);
+        // Compacts what was replayed into a new snapshot, and starts the journal.
         upload.persist().map_err(|source| OpenError::StateFile {
             path: dir.join(STATE_FILE),
             source,
@@ -495,21 +501,36 @@ impl Upload {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Replaces the state file with the current state.
+    /// Writes a new snapshot of the current state (and starts a new journal).
     fn persist(&self) -> io::Result<()> {
-        let _guard = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let state = {
-            let inner = self.lock();
-            Persisted {
-                size: self.size,
-                sha256: self.sha256.clone(),
-                phase: inner.phase,
-                ranges: inner.received.clone(),
-                message: inner.message.clone(),
-                image: inner.image.clone(),
-            }
-        };
-        write_state(&self.dir, &state)
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let state = self.persisted();
+        store.snapshot(&state)
+    }
+
+    fn persisted(&self) -> Persisted {
+        let inner = self.lock();
+        Persisted {
+            size: self.size,
+            sha256: self.sha256.clone(),
+            phase: inner.phase,
+            ranges: inner.received.clone(),
+            message: inner.message.clone(),
+            image: inner.image.clone(),
+            journal: 0,
+        }
+    }
+
+    /// Journals the pieces a whole chunk wrote (after [`Upload::record`], before the chunk is
+    /// answered), compacting when it is due.
+    fn journal(&self, pieces: &[(u64, u64)]) -> io::Result<()> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let spans = self.lock().received.spans().len();
+        if store.append(pieces, spans)? {
+            let state = self.persisted();
+            store.snapshot(&state)?;
+        }
+        Ok(())
     }
 
     fn persist_or_log(&self) {
@@ -590,12 +611,19 @@ impl ChunkWriter {
     }
 
     /// Writes the next bytes of the chunk (on a blocking thread: `pwrite` may wait for the
-    /// disk) and hands the buffer back, emptied, for the next batch.
+    /// disk; a small one in place, where the hop would cost more than the write) and hands the
+    /// buffer back, emptied, for the next batch.
     pub async fn write(&mut self, data: Vec<u8>) -> Result<Vec<u8>, ChunkError> {
         let len = data.len() as u64;
         self.check_room(len)?;
-        let upload = self.upload.clone();
         let (generation, pos) = (self.generation, self.pos);
+        if data.len() <= INLINE_WRITE {
+            self.write_in_place(&data)?;
+            let mut data = data;
+            data.clear();
+            return Ok(data);
+        }
+        let upload = self.upload.clone();
         let (pieces, mut data) = tokio::task::spawn_blocking(move || {
             upload
                 .write_at(generation, pos, &data)
@@ -612,11 +640,30 @@ impl ChunkWriter {
         Ok(data)
     }
 
-    /// Records the whole chunk (in memory, then in the state file) and answers the new status.
+    /// Writes `data`, a frame of at most hyper's read buffer, in place (see [`INLINE_WRITE`]);
+    /// larger data takes the blocking thread like [`ChunkWriter::write`].
+    pub async fn write_small(&mut self, data: &[u8]) -> Result<(), ChunkError> {
+        if data.len() > INLINE_WRITE {
+            return self.write(data.to_vec()).await.map(drop);
+        }
+        self.write_in_place(data)
+    }
+
+    fn write_in_place(&mut self, data: &[u8]) -> Result<(), ChunkError> {
+        self.check_room(data.len() as u64)?;
+        let pieces = self.upload.write_at(self.generation, self.pos, data)?;
+        self.pieces.extend(pieces);
+        self.pos += data.len() as u64;
+        Ok(())
+    }
+
+    /// Records the whole chunk (in memory, then in the journal) and answers the new status.
     pub fn finish(mut self) -> Result<Status, ChunkError> {
         let pieces = std::mem::take(&mut self.pieces);
         self.upload.record(self.generation, &pieces)?;
-        self.upload.persist_or_log();
+        if let Err(e) = self.upload.journal(&pieces) {
+            tracing::error!(error = %e, "cannot write the journal");
+        }
         Ok(self.upload.status())
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Incoming};
@@ -20,6 +20,13 @@ use tokio::net::TcpListener;
 
 use super::{ChunkError, Completion, Processor, Upload};
 
+/// How long an accepted connection may be idle before the kernel probes the peer, then how often,
+/// and how many unanswered probes end it: a peer that vanished without a FIN (a proxy leg that
+/// died) is found in about a minute instead of holding the connection forever.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+
 /// How long in-flight requests get to finish after SIGTERM.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
@@ -27,7 +34,12 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// hop to a blocking thread is rare, small enough that a request holds little memory.
 const WRITE_BATCH: usize = 1024 * 1024;
 
-/// Batch buffers kept for reuse (more concurrent chunks allocate their own).
+/// Batch buffers in use at most: a chunk that finds none free writes its frames one by one
+/// (each at most hyper's read buffer, [`READ_BUFFER`]) instead, so memory does not grow with the
+/// number of concurrent chunks (64 chunks with a batch each held 64 MiB).
+const BATCH_BUFFERS: usize = 8;
+
+/// Batch buffers kept for reuse once their chunk is done.
 const POOLED_BUFFERS: usize = 4;
 
 /// Largest read buffer hyper may grow to per connection. Below musl's mmap threshold (~128
@@ -40,14 +52,23 @@ const READ_BUFFER: usize = 64 * 1024;
 struct Ctx {
     upload: Arc<Upload>,
     processor: Processor,
+    /// `RUNR_UPLOAD_CHUNK_IDLE`.
+    chunk_idle: Duration,
     /// Batch buffers of finished chunks, for the next ones.
     buffers: Mutex<Vec<Vec<u8>>>,
+    /// One permit per batch buffer that may exist ([`BATCH_BUFFERS`]).
+    batch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Ctx {
-    fn take_buffer(&self) -> Vec<u8> {
+    /// A batch buffer and the permit it needs; `None` when [`BATCH_BUFFERS`] are in use.
+    fn take_buffer(&self) -> Option<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)> {
+        let permit = self.batch_slots.clone().try_acquire_owned().ok()?;
         let pooled = self.buffers.lock().ok().and_then(|mut b| b.pop());
-        pooled.unwrap_or_else(|| Vec::with_capacity(WRITE_BATCH))
+        Some((
+            pooled.unwrap_or_else(|| Vec::with_capacity(WRITE_BATCH)),
+            permit,
+        ))
     }
 
     fn give_buffer(&self, mut buf: Vec<u8>) {
@@ -66,10 +87,12 @@ impl Ctx {
 enum ChunkEnd {
     /// The connection broke or the framing was bad.
     Broken(hyper::Error),
+    /// No byte arrived for `RUNR_UPLOAD_CHUNK_IDLE`.
+    Idle,
     /// A limit was hit or the write failed.
     Refused(ChunkError),
 }
-use ChunkEnd::{Broken, Refused};
+use ChunkEnd::{Broken, Idle, Refused};
 
 impl From<ChunkError> for ChunkEnd {
     fn from(e: ChunkError) -> Self {
@@ -84,13 +107,20 @@ pub async fn run(
     listener: TcpListener,
     upload: Arc<Upload>,
     processor: Processor,
+    chunk_idle: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
     let ctx = Arc::new(Ctx {
         upload,
         processor,
+        chunk_idle,
         buffers: Mutex::new(Vec::new()),
+        batch_slots: Arc::new(tokio::sync::Semaphore::new(BATCH_BUFFERS)),
     });
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
     let mut http = http1::Builder::new();
     // The timer gives hyper its header-read timeout (slow clients cannot pin a task).
     http.timer(TokioTimer::new());
@@ -100,7 +130,10 @@ pub async fn run(
         http,
         shutdown,
         DRAIN_LIMIT,
-        move |_stream, _peer| {
+        move |stream, peer| {
+            if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+                tracing::debug!(error = %e, %peer, "cannot enable TCP keepalive");
+            }
             let ctx = ctx.clone();
             service_fn(move |req| handle(ctx.clone(), req))
         },
@@ -154,30 +187,42 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
     let mut body = req.into_body();
     // Frames are copied into a pooled buffer at once: hyper then reuses its read buffer, where
     // holding the frames would make it allocate (and fault in) fresh memory for every byte.
-    let mut batch = ctx.take_buffer();
+    // Without a free batch buffer, each frame goes to the file as it comes (a small write).
+    let mut slot = ctx.take_buffer();
     let result = async {
         loop {
-            let frame = match body.frame().await {
-                None => break,
-                Some(Ok(frame)) => frame,
-                Some(Err(e)) => return Err(Broken(e)),
+            // Bounded wait per frame: a body that stops arriving must not keep its claims.
+            let frame = match tokio::time::timeout(ctx.chunk_idle, body.frame()).await {
+                Err(_) => return Err(Idle),
+                Ok(None) => break,
+                Ok(Some(Ok(frame))) => frame,
+                Ok(Some(Err(e))) => return Err(Broken(e)),
             };
             let Ok(data) = frame.into_data() else {
                 continue; // trailers carry nothing for us
             };
+            let Some((batch, _)) = &mut slot else {
+                writer.write_small(&data).await?;
+                continue;
+            };
             writer.check_room((batch.len() + data.len()) as u64)?;
             if !batch.is_empty() && batch.len() + data.len() > WRITE_BATCH {
-                batch = writer.write(std::mem::take(&mut batch)).await?;
+                *batch = writer.write(std::mem::take(batch)).await?;
             }
             batch.extend_from_slice(&data);
         }
-        if !batch.is_empty() {
-            batch = writer.write(std::mem::take(&mut batch)).await?;
+        if let Some((batch, _)) = &mut slot {
+            if !batch.is_empty() {
+                *batch = writer.write(std::mem::take(batch)).await?;
+            }
         }
         Ok(())
     }
     .await;
-    ctx.give_buffer(batch);
+    if let Some((batch, permit)) = slot {
+        ctx.give_buffer(batch);
+        drop(permit);
+    }
     match result {
         Ok(()) => {}
         Err(Broken(e)) => {
@@ -189,6 +234,25 @@ async fn chunk(ctx: &Ctx, req: Request<Incoming>) -> Reply {
                 "bad_chunk",
                 "the chunk's body ended early; send it again",
             );
+        }
+        Err(Idle) => {
+            // Dropping the writer below releases what the chunk reserved; the `Connection:
+            // close` makes hyper end the connection instead of waiting for the rest.
+            drop(writer);
+            let idle = runr_base::env::display_duration(ctx.chunk_idle);
+            tracing::info!(offset, %idle, "chunk body stalled: dropped, connection closed");
+            let mut reply = error(
+                StatusCode::REQUEST_TIMEOUT,
+                "chunk_idle",
+                &format!(
+                    "no byte of the chunk arrived for {idle}: the chunk was dropped (nothing of \
+                     it is kept) and the connection closed; send it again"
+                ),
+            );
+            reply
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return reply;
         }
         Err(Refused(e)) => return chunk_error(e),
     }
@@ -229,7 +293,7 @@ fn complete(ctx: &Ctx) -> Reply {
 }
 
 /// The offset of `offset=N` in the query, a plain decimal number.
-fn parse_offset(query: Option<&str>) -> Option<u64> {
+pub(crate) fn parse_offset(query: Option<&str>) -> Option<u64> {
     let value = query?
         .split('&')
         .find_map(|pair| pair.strip_prefix("offset="))?;

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use runr_registry::reference::names_match;
+use runr_registry::reference::{is_bare_tag, names_match};
 use serde::Deserialize;
 
 use crate::image::archive::ArchiveError;
@@ -42,12 +42,26 @@ pub enum FormatError {
     /// The tar itself is unreadable, truncated or unsafe.
     #[error(transparent)]
     Archive(#[from] ArchiveError),
-    /// Not a tar, gzip'ed tar or wasm module.
-    #[error("the file is neither a docker save archive, an OCI image layout tar (both possibly gzip'ed) nor a WebAssembly module")]
+    /// Not a tar, compressed tar or wasm module.
+    #[error("the file is neither a docker save archive, an OCI image layout tar (both possibly compressed with gzip, xz or zstd) nor a WebAssembly module")]
     Unrecognized,
+    /// Compressed with something the receiver does not unpack.
+    #[error("the file is {0}-compressed, which the receiver does not unpack: upload the tar itself, or compressed once with gzip, xz or zstd")]
+    Compression(&'static str),
+    /// Compressed, and what it holds is compressed again.
+    #[error("the file is {outer}-compressed and what it holds is {inner}-compressed again: upload the tar itself, or compressed once with gzip, xz or zstd")]
+    CompressedTwice {
+        /// The compression of the file.
+        outer: &'static str,
+        /// The compression of what it holds.
+        inner: &'static str,
+    },
     /// A tar without manifest.json or index.json.
     #[error("the file is a tar archive but neither a docker save archive (no manifest.json) nor an OCI image layout (no index.json)")]
     NotAnImageArchive,
+    /// `\0asm` followed by version bytes of neither a core module nor a component.
+    #[error("the file starts with the WebAssembly magic \\0asm but its {0} are neither a WebAssembly core module (01 00 00 00, wasip1) nor a component (0d 00 01 00, wasip2)")]
+    WasmVersion(String),
     /// A JSON document is malformed.
     #[error("{name} in the archive is not valid: {reason}")]
     Document {
@@ -88,7 +102,7 @@ pub enum FormatError {
         /// What to do.
         hint: String,
     },
-    /// A whole-archive gzip could not be decompressed.
+    /// A whole compressed archive could not be decompressed.
     #[error(transparent)]
     Decompress(#[from] DecompressError),
     /// Anything else about the content.
@@ -168,7 +182,14 @@ pub(super) fn platform_string(p: ConfigProbe) -> Option<String> {
     Some(s)
 }
 
-/// Narrows several images to the one whose names match `upload_name`.
+/// Narrows several images to the one `upload_name` names.
+///
+/// A full name (`io.containerd.image.name`, a `ref.name` or `RepoTags` entry that names a
+/// repository) decides first: exactly one image must carry a matching one. Only when no image
+/// matches by full name does a tag-only `ref.name` (`v1`) count, and only on an image that has
+/// no full name at all (a full name that differs says the image is another one), and again only
+/// when exactly one image matches. `ctr export` and Docker's containerd store give every image
+/// both, the same tag on each.
 pub(super) fn select<T>(
     mut images: Vec<T>,
     upload_name: Option<&str>,
@@ -202,12 +223,25 @@ pub(super) fn select<T>(
             hint: "upload one image per file".into(),
         });
     };
-    let mut matching: Vec<T> = images
-        .into_iter()
-        .filter(|i| names(i).iter().any(|n| names_match(wanted, n)))
+    let by_full: Vec<usize> = (0..count)
+        .filter(|&i| {
+            names(&images[i])
+                .iter()
+                .any(|n| !is_bare_tag(n) && names_match(wanted, n))
+        })
         .collect();
-    if matching.len() == 1 {
-        return Ok(matching.remove(0));
+    let matching = if by_full.is_empty() {
+        (0..count)
+            .filter(|&i| {
+                let n = names(&images[i]);
+                n.iter().all(|n| is_bare_tag(n)) && n.iter().any(|n| names_match(wanted, n))
+            })
+            .collect()
+    } else {
+        by_full
+    };
+    if let [one] = matching[..] {
+        return Ok(images.swap_remove(one));
     }
     Err(FormatError::SeveralImages {
         count,
@@ -233,5 +267,45 @@ mod tests {
         assert!(blob_path("sha256:../../etc").is_err());
         assert!(blob_path(&format!("sha512:{}", "a".repeat(128))).is_err());
         assert!(blob_path(&format!("sha256:{}", "A".repeat(64))).is_err());
+    }
+
+    fn pick(images: &[&[&str]], wanted: &str) -> Result<usize, String> {
+        let images: Vec<(usize, Vec<String>)> = images
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i, n.iter().map(|s| s.to_string()).collect()))
+            .collect();
+        select(images, Some(wanted), |(_, n)| n.clone())
+            .map(|(i, _)| i)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn full_names_decide_before_tags() {
+        let ctr: &[&[&str]] = &[
+            &["docker.io/corpus/alpha:v1", "v1"],
+            &["docker.io/corpus/beta:v1", "v1"],
+        ];
+        assert_eq!(pick(ctr, "corpus/beta:v1"), Ok(1));
+        assert_eq!(pick(ctr, "corpus/alpha:v1"), Ok(0));
+        // Neither full name: the shared tag does not pick one.
+        assert!(pick(ctr, "corpus/gamma:v1")
+            .unwrap_err()
+            .contains("none of them"));
+        // Tags only (umoci, skopeo oci-archive:): the tag decides when it is unambiguous.
+        let tags: &[&[&str]] = &[&["v1"], &["v2"]];
+        assert_eq!(pick(tags, "corpus/app:v2"), Ok(1));
+        let same: &[&[&str]] = &[&["v1"], &["v1"]];
+        assert!(pick(same, "app:v1").unwrap_err().contains("more than one"));
+        // An image known only by its tag is picked when no full name matches; one whose full
+        // name differs is not, whatever its tag.
+        let mixed: &[&[&str]] = &[&["docker.io/corpus/alpha:v1", "v1"], &["v1"]];
+        assert_eq!(pick(mixed, "corpus/beta:v1"), Ok(1));
+        assert_eq!(pick(mixed, "corpus/alpha:v1"), Ok(0));
+        // Two images with the same full name are ambiguous.
+        let twice: &[&[&str]] = &[&["corpus/a:v1"], &["docker.io/corpus/a:v1"]];
+        assert!(pick(twice, "corpus/a:v1")
+            .unwrap_err()
+            .contains("more than one"));
     }
 }

@@ -1,7 +1,7 @@
 //! What an uploaded file is, detected from its content (never its name), and the image graph to
 //! push: a WebAssembly module, a classic `docker save` archive (also podman's), or an OCI image
 //! layout (also Docker ≥ 25 archives and `ctr export`, where the layout wins over manifest.json),
-//! each possibly inside a whole-archive gzip.
+//! each possibly compressed whole with gzip, xz or zstd.
 //!
 //! Everything here is blocking file I/O: callers run it on a blocking thread.
 
@@ -17,7 +17,9 @@ use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
 use crate::image::archive::{Archive, ArchiveError};
-use crate::image::compress::{self, DECOMPRESS_HEADROOM};
+#[cfg(doc)]
+use crate::image::compress::DECOMPRESS_HEADROOM;
+use crate::image::compress::{self, Compression};
 use crate::image::span::{Span, SpanReader};
 
 pub(crate) use self::common::{media, FormatError, RawManifest};
@@ -41,12 +43,14 @@ pub enum Detected {
 /// Inputs of [`detect`] besides the file.
 #[derive(Debug, Clone)]
 pub struct DetectOptions<'a> {
-    /// Where a decompressed copy of a `.tar.gz` may be written.
+    /// Where a decompressed copy of a `.tar.gz`, `.tar.xz` or `.tar.zst` may be written.
     pub work_dir: &'a Path,
     /// The declared size, bounding that copy.
     pub declared_size: u64,
     /// `RUNR_UPLOAD_NAME`, to pick one of several images.
     pub upload_name: Option<&'a str>,
+    /// Room a decompressed copy may take beyond the declared size ([`DECOMPRESS_HEADROOM`]).
+    pub headroom: u64,
 }
 
 /// Works out what `path` holds and what to push.
@@ -62,23 +66,29 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
             source,
         })?
         .len();
-    let magic = head(&file, len, 8)?;
+    let magic = head(&file, len, 16)?;
     if let Some(component) = wasm::header(&magic) {
         return Ok(Detected::Wasm(WasmModule {
             file,
             span: Span::whole(len),
-            component,
+            component: component?,
         }));
     }
-    let archive = if magic.starts_with(&[0x1f, 0x8b]) {
-        let limit = opts
-            .declared_size
-            .max(len)
-            .saturating_add(DECOMPRESS_HEADROOM);
-        let (tar, tar_len) = compress::decompress_archive(&file, len, opts.work_dir, limit)?;
-        index_tar(tar, tar_len)?
-    } else {
-        index_tar(file, len)?
+    let archive = match compress::recognise(&magic) {
+        None => index_tar(file, len)?,
+        Some(Compression::Other(name)) => return Err(FormatError::Compression(name)),
+        Some(kind) => {
+            let limit = opts.declared_size.max(len).saturating_add(opts.headroom);
+            let (tar, tar_len) =
+                compress::decompress_archive(&file, len, kind, opts.work_dir, limit)?;
+            if let Some(inner) = compress::recognise(&head(&tar, tar_len, 16)?) {
+                return Err(FormatError::CompressedTwice {
+                    outer: kind.name(),
+                    inner: inner.name(),
+                });
+            }
+            index_tar(tar, tar_len)?
+        }
     };
     if archive.contains("index.json") {
         Ok(Detected::Oci(oci::read(archive, opts.upload_name)?))
@@ -130,6 +140,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 4096,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         let err = detect(&path, &opts).unwrap_err();
         assert!(matches!(err, FormatError::Unrecognized), "{err}");
@@ -144,6 +155,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 8,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         match detect(&path, &opts).unwrap() {
             Detected::Wasm(w) => assert!(!w.component),
@@ -167,6 +179,7 @@ mod tests {
             work_dir: dir.path(),
             declared_size: 0,
             upload_name: None,
+            headroom: compress::DECOMPRESS_HEADROOM,
         };
         assert!(matches!(
             detect(&path, &opts),

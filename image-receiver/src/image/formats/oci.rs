@@ -383,6 +383,16 @@ fn load(archive: &Archive, d: &Descriptor, by: &str, depth: usize) -> Result<Nod
         let bp = blob_path(&bd)?;
         match archive.find(&bp) {
             Ok(span) => {
+                // A config is a JSON document like the manifest naming it: the same bound, the
+                // same message (it is read whole for the platform and by every client).
+                if what == "config" && span.len > MAX_DOCUMENT {
+                    return Err(ArchiveError::TooLarge {
+                        name: bp,
+                        size: span.len,
+                        limit: MAX_DOCUMENT,
+                    }
+                    .into());
+                }
                 if span.len != b.size() {
                     return Err(FormatError::Corrupt {
                         what,
