@@ -14,9 +14,10 @@ use std::time::Duration;
 use runr_base::env::process_lookup;
 use runr_base::fmt::error_chain;
 
+use crate::config::telemetry::{self, LogFormat};
 use crate::config::{Config, Mode, Trigger};
-use crate::observe::{self, LOG_FORMAT, PREFIX};
-use crate::process::reaper;
+use crate::observe::{self, logs, LOG_FORMAT, PREFIX};
+use crate::process::{reaper, result_fd};
 use crate::{http, schedule};
 
 /// How long the exporter gets at exit for the spans (and the writer for the captures) still
@@ -28,19 +29,31 @@ pub fn serve() -> ExitCode {
     let config = match Config::from_lookup(&process_lookup) {
         Ok(config) => config,
         Err(errors) => {
-            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
+            // In the format asked for, when that variable itself is good.
+            init_logs(
+                telemetry::log_format_of(&process_lookup),
+                tracing::Level::INFO,
+            );
             for e in &errors {
                 tracing::error!("invalid configuration: {e}");
             }
             return ExitCode::from(runr_base::EXIT_CONFIG);
         }
     };
-    runr_base::log::init(LOG_FORMAT, config.log_level);
+    init_logs(config.telemetry.log_format, config.log_level);
+    logs::install(&config.telemetry);
     // http mode without tracing/replay: become the program (returns only when that failed).
     // Before any runtime or signal handler exists: execve keeps the signal mask and ignored
     // signals.
     if let Some(code) = http::direct::exec_if_direct(&config) {
         return code;
+    }
+    // Before the runtime opens its descriptors: fd 3 stays ours from here on.
+    if config.handler.result_fd && matches!(config.mode, Mode::Exec | Mode::Persistent) {
+        if let Err(e) = result_fd::reserve() {
+            tracing::error!(error = %e, "cannot reserve fd 3 for RUNR_RESULT_FD");
+            return ExitCode::FAILURE;
+        }
     }
     // One thread: the wrapper's work per request is small, and a single thread keeps its
     // memory small and its spawning/reaping free of cross-thread races.
@@ -55,6 +68,15 @@ pub fn serve() -> ExitCode {
         }
     };
     ExitCode::from(runtime.block_on(run(&config)))
+}
+
+/// The wrapper's own lines in `format`, from `level` on.
+fn init_logs(format: LogFormat, level: tracing::Level) {
+    let style = match format {
+        LogFormat::Text => runr_base::log::Style::Text,
+        LogFormat::Json => runr_base::log::Style::Json,
+    };
+    runr_base::log::init_styled(LOG_FORMAT, style, level);
 }
 
 /// Everything after the runtime exists: observer, reaper, signals, then the run's shape.
@@ -138,6 +160,8 @@ fn version_text() -> String {
         env!("CARGO_PKG_VERSION"),
         runr_base::env::help(&[
             crate::config::VARS,
+            crate::config::handler::VARS,
+            crate::config::telemetry::VARS,
             crate::config::observe::VARS,
             crate::config::lambda::VARS,
         ]),

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::Trigger;
-use crate::response::Reply;
+use crate::response::{ErrorClass, Reply};
 
 /// Largest request body; larger ones answer 413 (a declared `Content-Length` before a byte is
 /// read).
@@ -52,6 +52,10 @@ pub struct Request {
     /// The CloudEvent attributes (queue and schedule triggers) folded from the `ce-*` headers;
     /// its `data` is made from the body when the envelope is encoded.
     pub event: Option<Map<String, Value>>,
+    /// When the invocation times out, in Unix epoch milliseconds: the envelope's `deadlineMs`
+    /// and exec mode's `RUNR_DEADLINE_MS` (added to the spec's envelope; set by whoever knows
+    /// the deadline, absent until then).
+    pub deadline_ms: Option<u64>,
 }
 
 impl Request {
@@ -101,6 +105,7 @@ impl Request {
             headers,
             body: Bytes::new(),
             event,
+            deadline_ms: None,
         }
     }
 
@@ -180,6 +185,9 @@ impl Request {
             "RUNR_CONTENT_TYPE",
             header_str(&self.headers, "content-type").unwrap_or(""),
         );
+        if let Some(ms) = self.deadline_ms {
+            put("RUNR_DEADLINE_MS", &ms.to_string());
+        }
         if let Some(event) = &self.event {
             for (attr, var) in [
                 ("id", "RUNR_EVENT_ID"),
@@ -248,9 +256,11 @@ impl BodyError {
     /// 413, 400 or 408.
     pub fn reply(self) -> Reply {
         match self {
-            BodyError::TooLarge => {
-                Reply::error(StatusCode::PAYLOAD_TOO_LARGE, "request body exceeds 10 MiB")
-            }
+            BodyError::TooLarge => Reply::failure(
+                ErrorClass::Limit,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body exceeds 10 MiB",
+            ),
             BodyError::Unreadable => {
                 Reply::error(StatusCode::BAD_REQUEST, "could not read the request body")
             }
@@ -425,7 +435,7 @@ fn new_id() -> String {
 
 /// The request envelope of one request, produced piece by piece:
 /// `{"runr":1, "trigger", "id", "method", "path", "query", "rawQuery", "headers", "body",
-/// "isBase64Encoded", "event"?}` on one line (serde_json escapes every newline inside strings).
+/// "isBase64Encoded", "event"?, "deadlineMs"?}` on one line (serde_json escapes every newline inside strings).
 /// The head (everything before the body) is one piece, the body a piece per [`BODY_PIECE`]
 /// bytes of it (JSON-escaped text, or base64 when it is not UTF-8), the rest one piece.
 /// Joined, the pieces are byte for byte what serde_json makes of the whole envelope.
@@ -503,6 +513,10 @@ impl<'a> EnvelopeStream<'a> {
                 if let Some(event) = req.event_with_data() {
                     out.extend_from_slice(br#","event":"#);
                     let _ = serde_json::to_writer(&mut *out, &event);
+                }
+                if let Some(ms) = req.deadline_ms {
+                    out.extend_from_slice(br#","deadlineMs":"#);
+                    out.extend_from_slice(ms.to_string().as_bytes());
                 }
                 out.push(b'}');
                 self.next = Part::Done;
@@ -639,6 +653,8 @@ pub fn whole_envelope(req: &Request) -> Vec<u8> {
         is_base64_encoded: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         event: Option<Value>,
+        #[serde(rename = "deadlineMs", skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
     }
     let (body, is_base64) = match std::str::from_utf8(&req.body) {
         Ok(s) => (Cow::Borrowed(s), false),
@@ -659,6 +675,7 @@ pub fn whole_envelope(req: &Request) -> Vec<u8> {
         body,
         is_base64_encoded: is_base64,
         event: req.event_with_data(),
+        deadline_ms: req.deadline_ms,
     };
     serde_json::to_vec(&envelope).unwrap_or_default()
 }
@@ -678,6 +695,35 @@ mod tests {
 
     fn envelope(req: &Request) -> Value {
         serde_json::from_slice(&req.envelope_json()).unwrap()
+    }
+
+    #[test]
+    fn the_deadline_goes_into_the_envelope_and_the_variables_when_known() {
+        let mut req = Request::new(
+            Trigger::Queue,
+            "POST",
+            "/",
+            headers(&[("ce-id", "1"), ("content-type", "application/json")]),
+            Bytes::from_static(b"{\"a\":1}"),
+        );
+        assert!(envelope(&req).get("deadlineMs").is_none());
+        let has_var = |req: &Request| {
+            req.exec_env()
+                .into_iter()
+                .find(|(k, _)| k == "RUNR_DEADLINE_MS")
+                .map(|(_, v)| v.into_string().unwrap())
+        };
+        assert_eq!(has_var(&req), None);
+        req.deadline_ms = Some(1_728_561_600_123);
+        let e = envelope(&req);
+        assert_eq!(e["deadlineMs"], 1_728_561_600_123u64);
+        assert_eq!(e["event"]["data"]["a"], 1);
+        assert_eq!(
+            req.envelope_json(),
+            whole_envelope(&req),
+            "streamed = whole"
+        );
+        assert_eq!(has_var(&req).as_deref(), Some("1728561600123"));
     }
 
     #[test]

@@ -14,6 +14,59 @@ pub const JSON: &str = "application/json";
 /// `Content-Type` of base64-decoded bodies.
 pub const OCTETS: &str = "application/octet-stream";
 
+/// The header that marks an answer the wrapper made itself instead of the handler, with its
+/// [`ErrorClass`]; queue consumers choose between retry and dead-letter by it. A handler's own
+/// answer never carries it (a handler that sets it has it removed).
+pub const ERROR_HEADER: HeaderName = HeaderName::from_static("x-runr-error");
+
+/// Why the wrapper answered instead of the handler: the value of [`ERROR_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// The invocation ran into `RUNR_TIMEOUT` (504).
+    Timeout,
+    /// The handler ended without a usable answer: exited without one, a persistent worker
+    /// exited, or what it wrote is not an answer the wrapper can send.
+    Crash,
+    /// The handler could not be started.
+    Start,
+    /// A size limit: request body (413), request headers (431), output above 10 MiB.
+    Limit,
+    /// Admission control refused the request (503).
+    Overload,
+    /// Nothing can take the request any more (shutting down).
+    Unavailable,
+}
+
+impl ErrorClass {
+    /// Every class, in the order metrics list them.
+    pub const ALL: [ErrorClass; 6] = [
+        ErrorClass::Timeout,
+        ErrorClass::Crash,
+        ErrorClass::Start,
+        ErrorClass::Limit,
+        ErrorClass::Overload,
+        ErrorClass::Unavailable,
+    ];
+
+    /// The header value and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::Crash => "crash",
+            ErrorClass::Start => "start",
+            ErrorClass::Limit => "limit",
+            ErrorClass::Overload => "overload",
+            ErrorClass::Unavailable => "unavailable",
+        }
+    }
+
+    fn from_value(v: &HeaderValue) -> Option<ErrorClass> {
+        ErrorClass::ALL
+            .into_iter()
+            .find(|c| c.as_str().as_bytes() == v.as_bytes())
+    }
+}
+
 /// A finished HTTP answer, independent of hyper so every mode (and the one-shot schedule run)
 /// can use it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +84,24 @@ impl Reply {
     pub fn error(status: StatusCode, message: &str) -> Reply {
         let body = serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default();
         Reply::with_type(status, JSON, body.into())
+    }
+
+    /// A `{"error": message}` answer the wrapper makes instead of the handler, marked with
+    /// `X-RunR-Error: <class>`.
+    pub fn failure(class: ErrorClass, status: StatusCode, message: &str) -> Reply {
+        let mut reply = Reply::error(status, message);
+        reply
+            .headers
+            .push((ERROR_HEADER, HeaderValue::from_static(class.as_str())));
+        reply
+    }
+
+    /// The class of a wrapper-made answer ([`Reply::failure`]); `None` for the handler's own.
+    pub fn error_class(&self) -> Option<ErrorClass> {
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == ERROR_HEADER)
+            .and_then(|(_, v)| ErrorClass::from_value(v))
     }
 
     /// A body with one `Content-Type`.
@@ -102,7 +173,8 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
                 .get("statusCode")
                 .map(Value::to_string)
                 .unwrap_or_default();
-            return Reply::error(
+            return Reply::failure(
+                ErrorClass::Crash,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 &format!("handler returned an invalid statusCode {got}"),
             );
@@ -115,10 +187,12 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
                 tracing::warn!(header = %name, "handler returned an invalid header name; dropped");
                 continue;
             };
-            // hyper frames the body itself; a handler's framing headers would contradict it.
+            // hyper frames the body itself; a handler's framing headers would contradict it. And
+            // X-RunR-Error is the wrapper's word: a consumer must be able to trust it.
             if name == http::header::CONTENT_LENGTH
                 || name == http::header::TRANSFER_ENCODING
                 || name == http::header::CONNECTION
+                || name == ERROR_HEADER
             {
                 continue;
             }
@@ -149,7 +223,8 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
             match base64::engine::general_purpose::STANDARD.decode(s.trim()) {
                 Ok(bytes) => (Bytes::from(bytes), Some(OCTETS)),
                 Err(_) => {
-                    return Reply::error(
+                    return Reply::failure(
+                        ErrorClass::Crash,
                         StatusCode::BAD_GATEWAY,
                         "handler returned isBase64Encoded with a body that is not base64",
                     )
@@ -303,6 +378,36 @@ mod tests {
         assert_eq!((ctype(&r), &r.body[..]), (JSON, &b"[1]"[..]));
         let r = from_worker_value(serde_json::json!({"statusCode": 404, "body": "no"}), b"");
         assert_eq!(r.status, 404);
+    }
+
+    #[test]
+    fn wrapper_made_answers_carry_their_class_and_handlers_cannot_forge_it() {
+        let r = Reply::failure(ErrorClass::Timeout, StatusCode::GATEWAY_TIMEOUT, "t");
+        assert_eq!(r.header(&ERROR_HEADER).unwrap(), "timeout");
+        assert_eq!(r.error_class(), Some(ErrorClass::Timeout));
+        let forged = exec(
+            r#"{"statusCode": 503, "headers": {"X-RunR-Error": "overload", "x-runr-error": ["timeout"]}, "body": "busy"}"#,
+        );
+        assert_eq!(forged.status, 503);
+        assert!(!forged.has_header(&ERROR_HEADER), "{:?}", forged.headers);
+        assert_eq!(forged.error_class(), None);
+        let bad = exec(r#"{"statusCode": 7}"#);
+        assert_eq!(bad.error_class(), Some(ErrorClass::Crash));
+        let bad = exec(r#"{"statusCode": 200, "body": "!!", "isBase64Encoded": true}"#);
+        assert_eq!(bad.error_class(), Some(ErrorClass::Crash));
+        assert_eq!(exec("plain").error_class(), None);
+        let names: Vec<_> = ErrorClass::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "timeout",
+                "crash",
+                "start",
+                "limit",
+                "overload",
+                "unavailable"
+            ]
+        );
     }
 
     #[test]

@@ -128,11 +128,13 @@ async fn one_shot(config: &Config) -> u8 {
     let event = ScheduleEvent::new();
     let mut req = schedule_request(&event);
     let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + config.timeout;
+    req.deadline_ms = Some(invoke::deadline_ms(deadline));
     let mut span = invoke::start(&mut req);
     span.begin();
+    let tag = span.tag(&req);
     let req = std::sync::Arc::new(req);
-    let deadline = tokio::time::Instant::now() + config.timeout;
-    let outcome = invoker.invoke(&req, None, deadline).await;
+    let outcome = invoker.invoke(&req, None, deadline, tag).await;
     let body = (&req.body[..], req.body.len() as u64);
     invoke::finish(&req, body, &outcome, started.elapsed(), span);
     let response = TickResponse {

@@ -2,15 +2,19 @@
 //! variable (name and value kept in the error) so a single restart shows every mistake. Read
 //! through [`runr_base::env`]: the grammar of durations, flags and ports is every binary's.
 
+pub(crate) mod handler;
 pub(crate) mod lambda;
 pub(crate) mod observe;
+pub(crate) mod telemetry;
 
 use std::time::Duration;
 
 use runr_base::env::{ConfigErrors, Env, VarDoc};
 
+use handler::HandlerConfig;
 use lambda::LambdaConfig;
 use observe::ObserveConfig;
+use telemetry::TelemetryConfig;
 
 /// Port the wrapper listens on (all interfaces). `0` picks a free port (logged at startup).
 pub const ENV_PORT: &str = "PORT";
@@ -64,8 +68,8 @@ const DEFAULT_TRIGGER: Trigger = Trigger::Http;
 pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
-/// The variables of `serve`, for `version`/`help` (the observation ones follow in
-/// [`observe::VARS`]).
+/// The variables of `serve`, for `version`/`help` (the handler, telemetry and observation ones
+/// follow in [`handler::VARS`], [`telemetry::VARS`] and [`observe::VARS`]).
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_PORT, "8080", "port to listen on"),
     VarDoc::required(ENV_MODE, "exec | persistent | http | lambda"),
@@ -181,6 +185,10 @@ pub struct Config {
     pub trigger: Trigger,
     /// `RUNR_LOG`.
     pub log_level: tracing::Level,
+    /// Kill grace, the result channel, the ready handshake, worker recycling.
+    pub handler: HandlerConfig,
+    /// Metrics endpoint and log lines.
+    pub telemetry: TelemetryConfig,
     /// Tracing, replay capture and the observed proxy's upstream port.
     pub observe: ObserveConfig,
     /// lambda mode's own variables (`None` in the other modes).
@@ -223,7 +231,27 @@ impl Config {
             _ => Err("expected http, queue or schedule".into()),
         });
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
+        let handler = HandlerConfig::parse(&mut env);
+        let telemetry = TelemetryConfig::parse(&mut env, port);
         let observe = ObserveConfig::parse(&mut env, port);
+        // Metrics in http mode run the observed proxy: its upstream port is in use then too.
+        if let (Some(Mode::Http), Some(metrics)) = (mode, telemetry.metrics_port) {
+            let upstream = observe.upstream_port;
+            if upstream == port && !observe.observed() {
+                env.reject(
+                    observe::ENV_UPSTREAM_PORT,
+                    Some(&upstream.to_string()),
+                    "must differ from PORT",
+                );
+            }
+            if metrics == upstream {
+                env.reject(
+                    telemetry::ENV_METRICS_PORT,
+                    Some(&metrics.to_string()),
+                    "must differ from RUNR_UPSTREAM_PORT (http mode)",
+                );
+            }
+        }
         let config = mode.zip(command).map(|(mode, command)| Config {
             port,
             mode,
@@ -235,6 +263,8 @@ impl Config {
             max_queue,
             trigger,
             log_level,
+            handler,
+            telemetry,
             observe,
             lambda,
         });
@@ -340,6 +370,37 @@ mod tests {
         );
         assert!(text.contains("RUNR_COMMAND=<unset>: required"), "{text}");
         assert!(text.contains(r#"RUNR_WORKERS="17""#), "{text}");
+    }
+
+    #[test]
+    fn metrics_in_http_mode_need_a_free_upstream_port() {
+        let base = [(ENV_MODE, "http"), (ENV_COMMAND, "srv")];
+        let names = |extra: &[(&'static str, &'static str)]| {
+            parse(&[&base[..], extra].concat())
+                .err()
+                .map(|e| e.names())
+                .unwrap_or_default()
+        };
+        assert!(names(&[(telemetry::ENV_METRICS_PORT, "9090")]).is_empty());
+        assert_eq!(
+            names(&[(telemetry::ENV_METRICS_PORT, "8081")]),
+            [telemetry::ENV_METRICS_PORT]
+        );
+        assert_eq!(
+            names(&[
+                (telemetry::ENV_METRICS_PORT, "9090"),
+                (ENV_PORT, "7000"),
+                (observe::ENV_UPSTREAM_PORT, "7000")
+            ]),
+            [observe::ENV_UPSTREAM_PORT]
+        );
+        // Exec mode has no upstream.
+        let exec = parse(&[
+            (ENV_MODE, "exec"),
+            (ENV_COMMAND, "x"),
+            (telemetry::ENV_METRICS_PORT, "8081"),
+        ]);
+        assert!(exec.is_ok());
     }
 
     #[test]
@@ -457,13 +518,24 @@ mod tests {
             observe::ENV_SDK_DISABLED,
             ENV_LOG,
             lambda::ENV_K_SERVICE,
+            handler::ENV_WORKER_MAX_AGE,
+            telemetry::ENV_LOG_MAX_BYTES,
         ] {
             assert!(read.iter().any(|r| r == name), "{name} read: {read:?}");
         }
         read.sort();
         read.dedup();
         assert_eq!(
-            runr_base::env::unlisted(&[VARS, observe::VARS, lambda::VARS], &read),
+            runr_base::env::unlisted(
+                &[
+                    VARS,
+                    handler::VARS,
+                    telemetry::VARS,
+                    observe::VARS,
+                    lambda::VARS
+                ],
+                &read
+            ),
             Vec::<String>::new()
         );
     }

@@ -11,6 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::Refusal;
+use crate::observe::metrics;
 
 /// The slots and the line in front of them.
 #[derive(Debug)]
@@ -51,6 +52,8 @@ impl Admission {
             return Err(Refusal::Overloaded);
         }
         let _in_line = InLine(&self.waiting);
+        // `runr_queued_invocations` counts it while it waits here.
+        let _queued = metrics::get().queued();
         match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Slot { _permit: permit }),
             // The semaphore is never closed; were it, nothing could be served any more.

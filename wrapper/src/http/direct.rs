@@ -10,6 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::config::{Config, Mode, Trigger};
+use crate::observe::logs::{self, HandlerLog, Stream};
 use crate::process::reaper::Exit;
 use crate::process::{self, Process};
 
@@ -18,9 +19,13 @@ pub const EXIT_CANNOT_EXEC: u8 = 127;
 /// How long a stopped server gets between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// True when `config` asks the wrapper to replace itself with the program.
+/// True when `config` asks the wrapper to replace itself with the program: http mode with
+/// nothing to observe (tracing, replay and metrics need the observed proxy).
 pub fn replaces_itself(config: &Config) -> bool {
-    config.mode == Mode::Http && config.trigger != Trigger::Schedule && !config.observe.observed()
+    config.mode == Mode::Http
+        && config.trigger != Trigger::Schedule
+        && !config.observe.observed()
+        && config.telemetry.metrics_port.is_none()
 }
 
 /// Replaces the wrapper with `RUNR_COMMAND` when [`replaces_itself`]; returns only when it does
@@ -42,7 +47,8 @@ pub fn exec_if_direct(config: &Config) -> Option<ExitCode> {
 
 /// Starts the program as a server on `port` (its own process group, reaped by the wrapper).
 /// With `stdout_to_logs` its stdout is forwarded line by line to our stderr, keeping our stdout
-/// for the tick's answer; otherwise stdout and stderr are inherited.
+/// for the tick's answer; otherwise stdout is inherited. Its stderr is inherited too, except
+/// with JSON logs, where its lines become handler lines.
 pub fn spawn_server(command: &[String], port: u16, stdout_to_logs: bool) -> io::Result<Process> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
@@ -51,9 +57,15 @@ pub fn spawn_server(command: &[String], port: u16, stdout_to_logs: bool) -> io::
     if stdout_to_logs {
         cmd.stdout(Stdio::piped());
     }
+    if logs::json() {
+        cmd.stderr(Stdio::piped());
+    }
     let mut proc = process::spawn(&mut cmd)?;
     if let Some(out) = proc.stdout.take() {
-        process::forward_lines(out);
+        process::forward_lines(out, Stream::Stdout, HandlerLog::idle());
+    }
+    if let Some(err) = proc.stderr.take() {
+        process::forward_lines(err, Stream::Stderr, HandlerLog::idle());
     }
     Ok(proc)
 }

@@ -1,10 +1,12 @@
-//! The wrapper's HTTP faces: the server of exec, persistent and lambda mode ([`server`]), the observed
-//! proxy of http mode ([`proxy`]), and http mode's direct run of the program ([`direct`]). What
-//! the two servers share lives here: the accept loop with its drain, probes, CORS and the
-//! conversion of a [`Reply`] into a response.
+//! The wrapper's HTTP faces: the server of exec, persistent and lambda mode ([`server`]), the
+//! observed proxy of http mode ([`proxy`]), http mode's direct run of the program ([`direct`]),
+//! and the Prometheus endpoint ([`metrics`]). What the two servers share lives here: the accept
+//! loop with its drain, probes, CORS, the refusals and the conversion of a [`Reply`] into a
+//! response.
 
 pub(crate) mod admission;
 pub(crate) mod direct;
+pub(crate) mod metrics;
 pub(crate) mod proxy;
 pub(crate) mod server;
 
@@ -26,7 +28,8 @@ use tokio::net::TcpListener;
 
 use crate::envelope::BodyError;
 use crate::invoke::display_timeout;
-use crate::response::Reply;
+use crate::observe::metrics::Rejected;
+use crate::response::{ErrorClass, Reply};
 
 /// How long in-flight requests get to finish after SIGTERM.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(25);
@@ -81,26 +84,53 @@ impl Refusal {
         }
     }
 
+    /// The `X-RunR-Error` class of the answer: `limit` (413, 431), `overload` (503),
+    /// `timeout` (504 in line); `None` for a body the client could not send (400, 408).
+    pub fn class(self) -> Option<ErrorClass> {
+        match self {
+            Refusal::Body(BodyError::TooLarge) | Refusal::HeadersTooLarge => {
+                Some(ErrorClass::Limit)
+            }
+            Refusal::Body(BodyError::Unreadable | BodyError::TimedOut) => None,
+            Refusal::Overloaded => Some(ErrorClass::Overload),
+            Refusal::QueueTimedOut => Some(ErrorClass::Timeout),
+        }
+    }
+
+    /// The `runr_rejected_total` reason, for the refusals that count there.
+    pub fn rejected(self) -> Option<Rejected> {
+        match self {
+            Refusal::Body(BodyError::TooLarge) => Some(Rejected::BodyTooLarge),
+            Refusal::HeadersTooLarge => Some(Rejected::HeadersTooLarge),
+            Refusal::Overloaded => Some(Rejected::Overload),
+            Refusal::Body(_) | Refusal::QueueTimedOut => None,
+        }
+    }
+
     /// The answer; `timeout` is `RUNR_TIMEOUT`, named in the 504.
     pub fn reply(self, timeout: Duration) -> Reply {
-        match self {
-            Refusal::Body(e) => e.reply(),
-            Refusal::HeadersTooLarge => Reply::error(
+        let (status, message) = match self {
+            Refusal::Body(e) => return e.reply(),
+            Refusal::HeadersTooLarge => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request headers too large",
+                "request headers too large".to_string(),
             ),
-            Refusal::Overloaded => {
-                let mut reply = Reply::error(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
-                reply
-                    .headers
-                    .push((RETRY_AFTER, HeaderValue::from_static("1")));
-                reply
-            }
-            Refusal::QueueTimedOut => Reply::error(
+            Refusal::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded".to_string()),
+            Refusal::QueueTimedOut => (
                 StatusCode::GATEWAY_TIMEOUT,
-                &format!("handler timed out after {}", display_timeout(timeout)),
+                format!("handler timed out after {}", display_timeout(timeout)),
             ),
+        };
+        let mut reply = match self.class() {
+            Some(class) => Reply::failure(class, status, &message),
+            None => Reply::error(status, &message),
+        };
+        if self == Refusal::Overloaded {
+            reply
+                .headers
+                .push((RETRY_AFTER, HeaderValue::from_static("1")));
         }
+        reply
     }
 }
 

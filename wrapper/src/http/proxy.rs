@@ -1,6 +1,8 @@
-//! The observed proxy of http mode (tracing or replay on): the program listens on
+//! The observed proxy of http mode (tracing, replay or metrics on): the program listens on
 //! `RUNR_UPSTREAM_PORT`, the wrapper on `$PORT`, and every request and response streams through
-//! the wrapper, which adds the server span, the access line and the replay capture.
+//! the wrapper, which adds the server span, the access line, the replay capture and the
+//! metrics; its own answers (not listening yet, broken connection, timeout) carry
+//! `X-RunR-Error`.
 //!
 //! Bodies are never held whole: frames go through as they come (a request of any size reaches
 //! the program while its first bytes are still arriving), only the first `RUNR_REPLAY_MAX_BODY`
@@ -32,9 +34,10 @@ use tokio::time::Instant;
 use super::{direct, into_response, is_probe, preflight, serve_connections};
 use crate::config::Config;
 use crate::invoke::display_timeout;
+use crate::observe::metrics::{self, Held, Invocation};
 use crate::observe::trace::{self, Span};
-use crate::observe::{self, Failure, Finished, Observer};
-use crate::response::{self, Reply};
+use crate::observe::{self, logs, Failure, Finished, Observer};
+use crate::response::{self, ErrorClass, Reply};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
@@ -57,7 +60,8 @@ type DownBody = Either<Full<Bytes>, ObservedBody>;
 
 /// What every request shares.
 struct Ctx {
-    observer: &'static Observer,
+    /// Tracing and replay, when on (the proxy may run for metrics alone).
+    observer: Option<&'static Observer>,
     upstream: Target,
     ready: watch::Receiver<bool>,
     ready_deadline: Instant,
@@ -69,10 +73,20 @@ struct Ctx {
 /// program exits; returns the exit status. The observer, the reaper and the signal handlers are
 /// the caller's ([`crate::commands`]).
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
-    let Some(observer) = observe::global() else {
-        tracing::error!("the observed proxy needs RUNR_TRACING=1 or RUNR_REPLAY=1");
+    let observer = observe::global();
+    if observer.is_none() && config.telemetry.metrics_port.is_none() {
+        tracing::error!(
+            "the observed proxy needs RUNR_TRACING=1, RUNR_REPLAY=1 or RUNR_METRICS_PORT"
+        );
         return 1;
-    };
+    }
+    metrics::get().configure(config.trigger, false);
+    if let Some(port) = config.telemetry.metrics_port {
+        if let Err(e) = super::metrics::start(port).await {
+            tracing::error!(port, error = %e, "cannot listen on RUNR_METRICS_PORT");
+            return 1;
+        }
+    }
     let listener = match super::bind(config.port).await {
         Ok(l) => l,
         Err(e) => {
@@ -81,7 +95,9 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         }
     };
     let upstream_port = config.observe.upstream_port;
-    let mut program = match direct::spawn_server(&config.command, upstream_port, false) {
+    // With JSON logs the program's lines are wrapped as handler lines (no request id: its
+    // requests run concurrently in one process); otherwise they pass straight through.
+    let mut program = match direct::spawn_server(&config.command, upstream_port, logs::json()) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(command = ?config.command, error = %e, "cannot start RUNR_COMMAND");
@@ -177,9 +193,11 @@ async fn handle(
     }
     let started = Instant::now();
     let cold_start = trace::take_cold_start();
-    let span = ctx.observer.start_span(req.headers(), SystemTime::now());
+    let span = ctx
+        .observer
+        .and_then(|o| o.start_span(req.headers(), SystemTime::now()));
     let (mut parts, body) = req.into_parts();
-    let capture_limit = ctx.observer.replay_max_body();
+    let capture_limit = ctx.observer.and_then(Observer::replay_max_body);
     let mut done = Done {
         ctx: ctx.clone(),
         span,
@@ -196,6 +214,8 @@ async fn handle(
         started,
         cold_start,
         status: 0,
+        class: None,
+        _in_flight: metrics::get().in_flight(),
     };
     strip_hop_by_hop(&mut parts.headers);
     // hyper answered the client's `Expect: 100-continue` when the body was first polled; the
@@ -220,7 +240,8 @@ async fn handle(
         let mut ready = ctx.ready.clone();
         let waited = tokio::time::timeout_at(ctx.ready_deadline, ready.wait_for(|r| *r)).await;
         if !matches!(waited, Ok(Ok(_))) {
-            let reply = Reply::error(
+            let reply = Reply::failure(
+                ErrorClass::Unavailable,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the function is not listening yet",
             );
@@ -233,7 +254,8 @@ async fn handle(
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(upstream = %ctx.upstream, error = %e, "cannot connect to the program");
-                let reply = Reply::error(
+                let reply = Reply::failure(
+                    ErrorClass::Crash,
                     StatusCode::BAD_GATEWAY,
                     "the function is not accepting connections",
                 );
@@ -264,7 +286,11 @@ async fn handle(
         Ok(Err(e)) => {
             tracing::warn!(upstream = %ctx.upstream, error = %e, "the program's connection failed");
             upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let reply = Reply::error(StatusCode::BAD_GATEWAY, "the function's connection failed");
+            let reply = Reply::failure(
+                ErrorClass::Crash,
+                StatusCode::BAD_GATEWAY,
+                "the function's connection failed",
+            );
             Ok(done.finish_now(reply, Some(Failure::Crash)))
         }
         Err(_) => {
@@ -272,7 +298,7 @@ async fn handle(
             upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
             let message = format!("handler timed out after {}", display_timeout(ctx.timeout));
             Ok(done.finish_now(
-                Reply::error(StatusCode::GATEWAY_TIMEOUT, &message),
+                Reply::failure(ErrorClass::Timeout, StatusCode::GATEWAY_TIMEOUT, &message),
                 Some(Failure::Timeout),
             ))
         }
@@ -364,14 +390,31 @@ struct Done {
     started: Instant,
     cold_start: bool,
     status: u16,
+    /// The class of the proxy's own answer; a body the program broke off counts as a crash.
+    class: Option<ErrorClass>,
+    /// Counted in `runr_inflight_invocations` until observed.
+    _in_flight: Held,
 }
 
 impl Done {
     /// Observes the request as ended now, `failure` overriding the status-based one.
     fn finish(self, failure: Option<Failure>) {
+        let took = self.started.elapsed();
+        let class = self
+            .class
+            .or((failure == Some(Failure::Crash)).then_some(ErrorClass::Crash));
+        metrics::get().invocation(Invocation {
+            status: self.status,
+            took,
+            error: class,
+            cold_start: self.cold_start,
+        });
+        let Some(observer) = self.ctx.observer else {
+            return;
+        };
         let failure = failure.or((self.status >= 500).then_some(Failure::Status));
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        self.ctx.observer.finish(Finished {
+        observer.finish(Finished {
             span: self.span.clone(),
             trigger: self.ctx.trigger,
             method: &self.method,
@@ -381,7 +424,7 @@ impl Done {
             body: &kept.data,
             body_size: kept.size,
             status: self.status,
-            took: self.started.elapsed(),
+            took,
             failure,
             cold_start: self.cold_start,
         });
@@ -390,6 +433,7 @@ impl Done {
     /// A wrapper-made answer: observed at once.
     fn finish_now(mut self, reply: Reply, failure: Option<Failure>) -> hyper::Response<DownBody> {
         self.status = reply.status.as_u16();
+        self.class = reply.error_class();
         self.finish(failure);
         wrapper_response(reply)
     }

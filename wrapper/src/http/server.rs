@@ -1,6 +1,7 @@
-//! The HTTP side of exec, persistent and lambda mode: the accept loop, probes, CORS, the
-//! request limits, admission control, one [`Invoker::invoke`] per request (lambda mode: its own
-//! answer, which may stream), and the SIGTERM drain.
+//! The HTTP side of exec, persistent and lambda mode: the accept loop, probes (ready once the
+//! invoker is: persistent mode once every worker has started and while one is alive), CORS,
+//! the request limits, admission control, one [`Invoker::invoke`] per request (lambda mode: its
+//! own answer, which may stream), the metrics endpoint, and the SIGTERM drain.
 //!
 //! A request goes through, in this order, each step answering by itself when it refuses
 //! ([`Refusal`]): probes and preflights (no invocation); what its head alone decides (a declared
@@ -25,11 +26,12 @@ use tokio::time::Instant;
 
 use super::admission::Admission;
 use super::{into_response, is_probe, preflight, serve_connections, Refusal};
-use crate::config::{Config, Trigger};
+use crate::config::{Config, Mode, Trigger};
 use crate::envelope::{BodyError, BodyReader, Request, MAX_BODY};
 use crate::invoke::lambda::{self, StreamedBody};
 use crate::invoke::{self, Invoker, Outcome};
 use crate::observe;
+use crate::observe::metrics::{self, Invocation};
 use crate::response::{self, Reply};
 
 /// An answer's body: whole, or streamed by a Lambda runtime.
@@ -48,6 +50,16 @@ struct Ctx {
 /// [`DRAIN_LIMIT`](super::DRAIN_LIMIT), then stops the workers. Returns the exit status. The
 /// observer, the reaper and the signal handlers are the caller's ([`crate::commands`]).
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
+    metrics::get().configure(config.trigger, config.mode == Mode::Persistent);
+    if let Some(port) = config.telemetry.metrics_port {
+        if let Err(e) = super::metrics::start(port).await {
+            tracing::error!(port, error = %e, "cannot listen on RUNR_METRICS_PORT");
+            return 1;
+        }
+    }
+    if matches!(config.mode, Mode::Exec | Mode::Persistent) {
+        invoke::check_program(&config.command[0]);
+    }
     let Some(invoker) = Invoker::new(config) else {
         tracing::error!(mode = %config.mode.as_str(), "this mode has no invoker");
         return 1;
@@ -93,20 +105,28 @@ async fn handle(
     req: hyper::Request<Incoming>,
 ) -> Result<hyper::Response<ResBody>, Infallible> {
     let reply = if is_probe(&req) {
-        // Knative's probes check the wrapper is up; they must not cost an invocation.
+        // Knative's probes must not cost an invocation. Not ready (persistent mode: until
+        // every worker has started, and while none is alive; lambda mode: until a runtime has
+        // initialised), no traffic is routed to a pod that could not serve it.
         if ctx.invoker.ready() {
             Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
         } else {
-            Reply::error(StatusCode::SERVICE_UNAVAILABLE, "the function is not ready")
+            let message = match &*ctx.invoker {
+                Invoker::Pool(_) => "no worker is ready",
+                _ => "the function is not ready",
+            };
+            Reply::error(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     } else if req.method() == Method::OPTIONS {
         preflight()
     } else {
-        match invocation(&ctx, peer, req).await {
+        let arrived = Instant::now();
+        match invocation(&ctx, peer, req, arrived).await {
             Ok(res) => return Ok(res),
             Err(refusal) => {
                 // A client's request or the load, not a fault of ours: debug only.
                 tracing::debug!(refusal = refusal.as_str(), "request refused");
+                count_refusal(refusal, arrived);
                 refusal.reply(ctx.timeout)
             }
         }
@@ -120,8 +140,8 @@ async fn invocation(
     ctx: &Ctx,
     peer: SocketAddr,
     req: hyper::Request<Incoming>,
+    arrived: Instant,
 ) -> Result<hyper::Response<ResBody>, Refusal> {
-    let arrived = Instant::now();
     let version = req.version();
     // Waiting for a slot and reading the body count against the invocation's time.
     let deadline = arrived + ctx.timeout;
@@ -141,6 +161,9 @@ async fn invocation(
         .map(|pq| pq.as_str())
         .unwrap_or("/");
     let mut request = Request::head(ctx.trigger, parts.method.as_str(), target, parts.headers);
+    // When it times out, for the handler (`RUNR_DEADLINE_MS`, `deadlineMs`): before the check,
+    // as the variable is part of what must fit.
+    request.deadline_ms = Some(invoke::deadline_ms(deadline));
     // With tracing on, the handler sees the wrapper's span as its parent (before the check:
     // the traceparent it gets is part of what must fit).
     let mut span = invoke::start(&mut request);
@@ -162,6 +185,7 @@ async fn invocation(
         }
     }
     span.begin();
+    let tag = span.tag(&request);
     let request = Arc::new(request);
     if let Invoker::Lambda(lambda) = &*ctx.invoker {
         // Its own answer, which may stream: observed where it ends, the slot held until then.
@@ -180,7 +204,7 @@ async fn invocation(
     }
     let outcome = ctx
         .invoker
-        .invoke(&request, streamed.then_some(&mut body), deadline)
+        .invoke(&request, streamed.then_some(&mut body), deadline, tag)
         .await;
     drop(slot);
     let seen = match streamed {
@@ -192,9 +216,9 @@ async fn invocation(
 }
 
 /// THE point where an invocation has completed: the parsed request (method, path, headers,
-/// body), the outcome (status, answer, what the handler did) and the time it took. Access
-/// lines, server spans and replay capture hook in here ([`invoke::finish`]); `span` is the
-/// server span started before the handler ran.
+/// body), the outcome (status, answer, what the handler did) and the time it took. Metrics,
+/// the invocation line, access lines, server spans and replay capture hook in here
+/// ([`invoke::finish`]); `span` is the server span started before the handler ran.
 fn observe(
     req: &Request,
     body: (&[u8], u64),
@@ -202,14 +226,22 @@ fn observe(
     elapsed: Duration,
     span: invoke::Started,
 ) {
-    tracing::debug!(
-        id = %req.id,
-        method = %req.method,
-        path = %req.path,
-        status = outcome.reply.status.as_u16(),
-        ended = ?outcome.ended,
-        ms = elapsed.as_secs_f64() * 1000.0,
-        "invocation"
-    );
     invoke::finish(req, body, outcome, elapsed, span);
+}
+
+/// The metrics of a request answered before any handler ran: refusals (413, 431, 503) count in
+/// `runr_rejected_total` only; a request whose time ran out while it waited for a slot is an
+/// invocation that timed out.
+fn count_refusal(refusal: Refusal, arrived: Instant) {
+    match refusal.rejected() {
+        Some(why) => metrics::get().rejected(why),
+        None if refusal == Refusal::QueueTimedOut => metrics::get().invocation(Invocation {
+            status: StatusCode::GATEWAY_TIMEOUT.as_u16(),
+            took: arrived.elapsed(),
+            error: refusal.class(),
+            cold_start: false,
+        }),
+        // A body that could not be read or came too late: the client's, not counted.
+        None => {}
+    }
 }

@@ -1,9 +1,12 @@
 //! Exec mode: one process per invocation. Stdin gets the envelope (or the raw body), stdout is
-//! the answer, stderr goes to the logs line by line; the process group dies on timeout.
+//! the answer (or, with `RUNR_RESULT_FD=3`, fd 3 is, and stdout goes to the logs), stderr goes
+//! to the logs line by line, tied to the invocation; the process group dies on timeout (after
+//! `RUNR_KILL_GRACE`, if set).
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +19,10 @@ use tokio::time::Instant;
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request};
+use crate::observe::logs::{HandlerLog, Stream, Tag};
+use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
+use crate::process::lines::LinePipe;
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
 use crate::response;
@@ -34,6 +40,8 @@ pub struct Exec {
     /// What execve takes: requests whose variables do not fit are refused before spawning.
     args: ArgLimit,
     slots: usize,
+    kill_grace: Duration,
+    result_fd: bool,
 }
 
 /// What the handler produced before it exited.
@@ -66,6 +74,8 @@ impl Exec {
             timeout: config.timeout,
             args,
             slots: config.max_inflight,
+            kill_grace: config.handler.kill_grace,
+            result_fd: config.handler.result_fd,
         }
     }
 
@@ -85,14 +95,17 @@ impl Exec {
         self.args.check(&req.exec_env())
     }
 
-    /// Runs the handler for `req` until `deadline` and maps what it did to an answer. With raw
-    /// input, `body` (when given) is fed to stdin as it arrives instead of `req.body`.
+    /// Runs the handler for `req` until `deadline` and maps what it did to an answer; its log
+    /// lines carry `tag`. With raw input, `body` (when given) is fed to stdin as it arrives
+    /// instead of `req.body`.
     pub async fn invoke(
         &self,
         req: &Request,
         mut body: Option<&mut BodyReader>,
         deadline: Instant,
+        tag: Tag,
     ) -> Outcome {
+        let cold_start = !INVOKED.swap(true, Ordering::Relaxed);
         let mut cmd = Command::new(&self.program);
         cmd.arg0(&self.command[0])
             .args(&self.command[1..])
@@ -103,33 +116,58 @@ impl Exec {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
-        let mut proc = match process::spawn(&mut cmd) {
+        let spawned = if self.result_fd {
+            process::spawn_with_result_fd(&mut cmd)
+        } else {
+            process::spawn(&mut cmd)
+        };
+        let mut proc = match spawned {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(command = ?self.command, error = %e, "handler failed to start");
-                return Outcome::failed_to_start();
+                return Outcome {
+                    cold_start,
+                    ..Outcome::failed_to_start()
+                };
             }
         };
-        if let Some(stderr) = proc.stderr.take() {
-            process::forward_lines(stderr);
-        }
+        let _in_flight = metrics::get().in_flight();
+        let mut log = HandlerLog::invocation(tag);
         let stdin = proc.stdin.take();
         let stdout = proc.stdout.take();
+        let stderr = proc.stderr.take().map(|r| LinePipe::new(r, Stream::Stderr));
+        let mut pipes = match proc.result.take() {
+            Some(result) => Pipes {
+                answer: Some(result),
+                stderr,
+                stdout_log: stdout.map(|r| LinePipe::new(r, Stream::Stdout)),
+            },
+            None => Pipes {
+                answer: stdout,
+                stderr,
+                stdout_log: None,
+            },
+        };
         let input = match (self.input, body.as_deref_mut()) {
             (Input::Json, _) => Feed::Envelope(req),
             (Input::Raw, Some(body)) => Feed::Stream(body),
             (Input::Raw, None) => Feed::Raw(req.body.clone()),
         };
-        match tokio::time::timeout_at(deadline, collect(&mut proc, stdin, stdout, input)).await {
+        let collected = tokio::time::timeout_at(
+            deadline,
+            collect(&mut proc, stdin, &mut pipes, &mut log, input),
+        )
+        .await;
+        let outcome = match collected {
             Err(_elapsed) => {
-                // The handler used its whole budget: no grace period, the group goes now (a
-                // grace period would delay the 504 and keep a stuck process tree alive).
-                proc.signal_group(Signal::SIGKILL);
-                if body.is_some_and(|b| !b.is_done()) {
+                let waiting_for_body = body.is_some_and(|b| !b.is_done());
+                self.kill_at_timeout(proc, waiting_for_body);
+                if waiting_for_body {
                     // It was still waiting for the client's body.
-                    return Outcome::refused(BodyError::TimedOut.reply());
+                    Outcome::refused(BodyError::TimedOut.reply())
+                } else {
+                    Outcome::timed_out(self.timeout)
                 }
-                Outcome::timed_out(self.timeout)
             }
             Ok(Collected::TooLarge) => {
                 proc.signal_group(Signal::SIGKILL);
@@ -140,10 +178,72 @@ impl Exec {
                 proc.signal_group(Signal::SIGKILL);
                 Outcome::refused(e.reply())
             }
-            Ok(Collected::Done { exit, stdout }) => answer(exit, stdout),
+            Ok(Collected::Done { exit, stdout }) => Outcome {
+                exit: Some(exit),
+                peak_rss_kib: proc.peak_rss_kib(),
+                ..answer(exit, stdout)
+            },
+        };
+        pipes.finish(log);
+        Outcome {
+            cold_start,
+            ..outcome
+        }
+    }
+
+    /// The timeout: SIGKILL to the group now, or with `RUNR_KILL_GRACE` SIGTERM now and
+    /// SIGKILL after the grace, in the background (the 504 does not wait for it). A handler
+    /// still waiting for the client's body gets no grace: it has nothing to finish.
+    fn kill_at_timeout(&self, mut proc: Process, waiting_for_body: bool) {
+        if self.kill_grace.is_zero() || waiting_for_body {
+            // No grace: the group goes now (a stuck process tree must not outlive the budget
+            // it used up).
+            proc.signal_group(Signal::SIGKILL);
+            return;
+        }
+        proc.signal_group(Signal::SIGTERM);
+        let grace = self.kill_grace;
+        tokio::spawn(async move {
+            if tokio::time::timeout(grace, proc.wait()).await.is_err() {
+                tracing::warn!(
+                    pid = proc.id(),
+                    grace = %runr_base::env::display_duration(grace),
+                    "handler outlived its kill grace: killing its group"
+                );
+                proc.signal_group(Signal::SIGKILL);
+            }
+        });
+    }
+}
+
+/// The handler's pipes during one invocation: the answer (stdout, or fd 3), the logs (stderr,
+/// and stdout when fd 3 answers).
+struct Pipes {
+    answer: Option<pipe::Receiver>,
+    stderr: Option<LinePipe>,
+    stdout_log: Option<LinePipe>,
+}
+
+impl Pipes {
+    /// Logs every line the log pipes hold now, then hands what is still open to background
+    /// tasks (a grandchild may keep writing) with the rest of the invocation's cap.
+    fn finish(self, mut log: HandlerLog) {
+        let mut rest = Vec::new();
+        for mut p in [self.stderr, self.stdout_log].into_iter().flatten() {
+            p.drain_now(&mut log);
+            if p.is_open() {
+                rest.push(p);
+            }
+        }
+        log.finish();
+        for p in rest {
+            tokio::spawn(p.forward_to_end(log.continued()));
         }
     }
 }
+
+/// True once the wrapper ran an invocation: the first one is its cold start.
+static INVOKED: AtomicBool = AtomicBool::new(false);
 
 /// What goes into the handler's stdin.
 enum Feed<'a> {
@@ -203,8 +303,8 @@ fn resolve(program: &str) -> Option<String> {
         .and_then(|p| p.into_os_string().into_string().ok())
 }
 
-/// Exit status and stdout → answer: exit 0 answers stdout; non-zero answers a response
-/// envelope if stdout holds one, else 500 `handler exited with status N`.
+/// Exit status and output → answer: exit 0 answers the output; non-zero answers a response
+/// envelope if the output holds one, else 500 `handler exited with status N`.
 fn answer(exit: Exit, stdout: Vec<u8>) -> Outcome {
     if exit.success() {
         return Outcome::answered(response::from_exec_output(Bytes::from(stdout)));
@@ -219,12 +319,14 @@ fn answer(exit: Exit, stdout: Vec<u8>) -> Outcome {
     }
 }
 
-/// Feeds stdin and reads stdout at the same time (a handler that writes before it has read
-/// everything must not deadlock against us) until the handler exits.
+/// Feeds stdin, reads the answer and the log pipes at the same time (a handler that writes
+/// before it has read everything must not deadlock against us, nor one whose log pipe is full)
+/// until the handler exits.
 async fn collect(
     proc: &mut Process,
     stdin: Option<pipe::Sender>,
-    mut stdout: Option<pipe::Receiver>,
+    pipes: &mut Pipes,
+    log: &mut HandlerLog,
     input: Feed<'_>,
 ) -> Collected {
     let write = async move {
@@ -236,9 +338,11 @@ async fn collect(
     };
     tokio::pin!(write);
     let mut written = false;
-    let mut eof = stdout.is_none();
+    let mut eof = pipes.answer.is_none();
     let mut out = Vec::new();
     let exit = loop {
+        let stderr_open = pipes.stderr.as_ref().is_some_and(LinePipe::is_open);
+        let stdout_open = pipes.stdout_log.as_ref().is_some_and(LinePipe::is_open);
         tokio::select! {
             exit = proc.wait() => break exit,
             fed = &mut write, if !written => {
@@ -247,21 +351,36 @@ async fn collect(
                     return Collected::Body(e);
                 }
             }
-            read = read_some(&mut stdout, &mut out), if !eof => match read {
+            read = read_some(&mut pipes.answer, &mut out), if !eof => match read {
                 Ok(0) | Err(_) => eof = true,
                 Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
                 Ok(_) => {}
             },
+            () = fill(&mut pipes.stderr), if stderr_open => flush(&mut pipes.stderr, log),
+            () = fill(&mut pipes.stdout_log), if stdout_open => flush(&mut pipes.stdout_log, log),
         }
     };
     // The handler has exited, so everything it wrote is in the pipe already. Read only that:
-    // a grandchild that inherited stdout and lives on must not hold the answer back.
-    if let (Some(r), false) = (stdout.as_ref(), eof) {
+    // a grandchild that inherited the pipe and lives on must not hold the answer back.
+    if let (Some(r), false) = (pipes.answer.as_ref(), eof) {
         if process::read_ready(r, &mut out, MAX_OUTPUT) == Drained::OverCap {
             return Collected::TooLarge;
         }
     }
     Collected::Done { exit, stdout: out }
+}
+
+async fn fill(p: &mut Option<LinePipe>) {
+    match p {
+        Some(p) => p.fill().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
+    if let Some(p) = p {
+        p.flush(log);
+    }
 }
 
 /// Reads what is there into `out`. Through a stack buffer: `out` then grows only as far as the

@@ -1,7 +1,8 @@
 //! The mode-agnostic way to run one invocation: [`Invoker::invoke`] takes a parsed
-//! [`Request`] and gives an [`Outcome`] — the HTTP answer plus what happened to the handler.
-//! The HTTP server and the schedule one-shot go through it, and through the observation hook
-//! around it ([`start`], [`finish`]) that feeds tracing and replay.
+//! [`Request`] and gives an [`Outcome`] — the HTTP answer plus what happened to the handler
+//! (its error class, exit status, peak memory). The HTTP server and the schedule one-shot go
+//! through it, and through the observation hook around it ([`start`], [`finish`]) that feeds
+//! tracing, replay, metrics and the per-invocation log line.
 
 pub(crate) mod exec;
 pub(crate) mod lambda;
@@ -16,10 +17,13 @@ use tokio::time::Instant;
 
 use crate::config::{Config, Mode};
 use crate::envelope::{BodyReader, Request};
+use crate::observe::logs::{self, InvocationLine, Tag};
+use crate::observe::metrics::{self, Invocation};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, Failure, Finished};
 use crate::process::arg_limit::TooLarge;
-use crate::response::Reply;
+use crate::process::reaper::Exit;
+use crate::response::{ErrorClass, Reply};
 use exec::Exec;
 use lambda::Lambda;
 use pool::Pool;
@@ -53,6 +57,22 @@ pub enum Ended {
     Refused,
 }
 
+impl Ended {
+    /// The `X-RunR-Error` class of the wrapper's answer when the handler did not answer.
+    pub fn class(self) -> Option<ErrorClass> {
+        match self {
+            Ended::Answered => None,
+            Ended::ExitStatus(_) | Ended::WorkerExited => Some(ErrorClass::Crash),
+            Ended::FailedToStart => Some(ErrorClass::Start),
+            Ended::TimedOut => Some(ErrorClass::Timeout),
+            Ended::OutputTooLarge => Some(ErrorClass::Limit),
+            Ended::Unavailable => Some(ErrorClass::Unavailable),
+            // The body's own answer says (413: limit).
+            Ended::Refused => None,
+        }
+    }
+}
+
 /// One invocation's result.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -60,6 +80,13 @@ pub struct Outcome {
     pub reply: Reply,
     /// What happened.
     pub ended: Ended,
+    /// The first invocation of the process that ran it (exec mode: of the wrapper; persistent
+    /// mode: of the worker).
+    pub cold_start: bool,
+    /// How the handler process ended, when it did during the invocation.
+    pub exit: Option<Exit>,
+    /// Exec mode: the handler's peak resident set in KiB (from `wait4`).
+    pub peak_rss_kib: Option<u64>,
 }
 
 impl Outcome {
@@ -68,15 +95,27 @@ impl Outcome {
         Outcome {
             reply,
             ended: Ended::Answered,
+            cold_start: false,
+            exit: None,
+            peak_rss_kib: None,
         }
     }
 
-    /// A wrapper-made `{"error": ...}` answer.
+    /// A wrapper-made `{"error": ...}` answer, marked with the class of `ended`.
     pub fn failed(ended: Ended, status: StatusCode, message: &str) -> Outcome {
+        let reply = match ended.class() {
+            Some(class) => Reply::failure(class, status, message),
+            None => Reply::error(status, message),
+        };
         Outcome {
-            reply: Reply::error(status, message),
             ended,
+            ..Outcome::answered(reply)
         }
+    }
+
+    /// The class of the wrapper's answer, `None` when the handler answered itself.
+    pub fn class(&self) -> Option<ErrorClass> {
+        self.ended.class().or_else(|| self.reply.error_class())
     }
 
     /// 504 `handler timed out after Ns`.
@@ -100,8 +139,8 @@ impl Outcome {
     /// The answer to a request body that failed while it was streamed into the handler.
     pub fn refused(reply: Reply) -> Outcome {
         Outcome {
-            reply,
             ended: Ended::Refused,
+            ..Outcome::answered(reply)
         }
     }
 
@@ -174,26 +213,30 @@ impl Invoker {
 
     /// Runs one invocation to its end, answering 504 at `deadline`; never fails: every failure
     /// is an answer. `body` is the body still to be read when [`Invoker::streams_body`] (else
-    /// `req.body` is all of it).
+    /// `req.body` is all of it). The handler's log lines carry `tag`.
     pub async fn invoke(
         &self,
         req: &Arc<Request>,
         body: Option<&mut BodyReader>,
         deadline: Instant,
+        tag: Tag,
     ) -> Outcome {
         match self {
-            Invoker::Exec(exec) => exec.invoke(req, body, deadline).await,
-            Invoker::Pool(pool) => pool.invoke(req, deadline).await,
+            Invoker::Exec(exec) => exec.invoke(req, body, deadline, tag).await,
+            Invoker::Pool(pool) => pool.invoke(req, deadline, tag).await,
+            // A runtime's lines are read by lambda mode itself (not tied to an invocation).
             Invoker::Lambda(lambda) => lambda.invoke(req, deadline).await,
         }
     }
 
-    /// False while the function cannot take invocations yet (lambda mode: no runtime has
-    /// initialised); probes answer 503 then.
+    /// Whether Knative's probes may route traffic here: exec mode once listening; persistent
+    /// mode once every worker has started and while at least one is alive; lambda mode once a
+    /// runtime has initialised.
     pub fn ready(&self) -> bool {
         match self {
+            Invoker::Exec(_) => true,
+            Invoker::Pool(pool) => pool.ready(),
             Invoker::Lambda(lambda) => lambda.ready(),
-            Invoker::Exec(_) | Invoker::Pool(_) => true,
         }
     }
 
@@ -205,6 +248,35 @@ impl Invoker {
             Invoker::Lambda(lambda) => lambda.shutdown().await,
             Invoker::Exec(_) => {}
         }
+    }
+}
+
+/// `deadline` in Unix epoch milliseconds (`deadlineMs`, `RUNR_DEADLINE_MS`).
+pub fn deadline_ms(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    runr_base::fmt::unix_millis(SystemTime::now() + left)
+}
+
+/// Logs once, at start, a `RUNR_COMMAND` whose program cannot be found or is not executable
+/// (the wrapper still serves; exec mode answers `handler failed to start`).
+pub fn check_program(program: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        executable(std::path::Path::new(program))
+    } else {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| executable(&dir.join(program)))
+        })
+    };
+    if !found {
+        tracing::error!(
+            program,
+            "RUNR_COMMAND cannot be run: its program is not found or not executable"
+        );
     }
 }
 
@@ -261,6 +333,14 @@ impl Started {
     pub fn traced(&self) -> bool {
         self.span.is_some()
     }
+
+    /// What the handler's log lines of `req` carry: its id, and its trace when tracing is on.
+    pub fn tag(&self, req: &Request) -> Tag {
+        Tag {
+            request_id: Arc::from(req.id.as_str()),
+            trace_id: self.span.as_ref().map(|s| Arc::from(s.trace_id_hex())),
+        }
+    }
 }
 
 /// The hook of exec and persistent mode before the handler runs: with tracing on, starts the
@@ -283,9 +363,9 @@ pub fn start(req: &mut Request) -> Started {
     }
 }
 
-/// The hook of exec and persistent mode, called where an invocation completed: access line,
-/// span and replay capture, as configured. `body` is the request body as far as it was kept
-/// and its full size; `started` comes from [`start`].
+/// The hook of exec and persistent mode, called where an invocation completed: metrics, the
+/// per-invocation line, access line, span and replay capture, as configured. `body` is the
+/// request body as far as it was kept and its full size; `started` comes from [`start`].
 pub fn finish(
     req: &Request,
     body: (&[u8], u64),
@@ -293,6 +373,30 @@ pub fn finish(
     elapsed: Duration,
     started: Started,
 ) {
+    let class = outcome.class();
+    if outcome.ended == Ended::Refused {
+        // A raw body streamed into the handler turned out too large, broken or late: the
+        // client's request was refused (the handler was stopped), as if before it ran.
+        if outcome.reply.status == StatusCode::PAYLOAD_TOO_LARGE {
+            metrics::get().rejected(metrics::Rejected::BodyTooLarge);
+        }
+    } else {
+        metrics::get().invocation(Invocation {
+            status: outcome.reply.status.as_u16(),
+            took: elapsed,
+            error: class,
+            cold_start: outcome.cold_start,
+        });
+    }
+    logs::invocation(&InvocationLine {
+        request_id: &req.id,
+        trigger: req.trigger.as_str(),
+        status: outcome.reply.status.as_u16(),
+        took: elapsed,
+        error: class.map(ErrorClass::as_str),
+        exit_status: outcome.exit.map(Exit::code),
+        peak_rss_kib: outcome.peak_rss_kib,
+    });
     let Some(observer) = observe::global() else {
         return;
     };
@@ -336,6 +440,39 @@ pub fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_way_the_handler_did_not_answer_has_its_class() {
+        use crate::response::ERROR_HEADER;
+        let cases = [
+            (Ended::TimedOut, "timeout"),
+            (Ended::ExitStatus(3), "crash"),
+            (Ended::WorkerExited, "crash"),
+            (Ended::FailedToStart, "start"),
+            (Ended::OutputTooLarge, "limit"),
+            // What a persistent request gets when the pool is gone (shutting down).
+            (Ended::Unavailable, "unavailable"),
+        ];
+        for (ended, class) in cases {
+            let o = Outcome::failed(ended, StatusCode::BAD_GATEWAY, "x");
+            assert_eq!(o.class().map(ErrorClass::as_str), Some(class));
+            let header: Vec<_> = o
+                .reply
+                .headers
+                .iter()
+                .filter(|(n, _)| *n == ERROR_HEADER)
+                .map(|(_, v)| v.to_str().unwrap())
+                .collect();
+            assert_eq!(header, [class]);
+        }
+        let answered = Outcome::answered(Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "own"));
+        assert_eq!(answered.class(), None);
+        assert!(answered
+            .reply
+            .headers
+            .iter()
+            .all(|(n, _)| *n != ERROR_HEADER));
+    }
 
     #[test]
     fn timeout_display() {

@@ -1,12 +1,16 @@
 //! What the wrapper observes about each invocation when tracing (`RUNR_TRACING=1`) or replay
 //! capture (`RUNR_REPLAY=1`) is on: one record per finished invocation ([`record`]), read by
 //! the server span and access line ([`trace`]), their OTLP export ([`otlp`]) and the capture of
-//! failed invocations ([`replay`]); and the wrapper's own log format.
+//! failed invocations ([`replay`]); what it always keeps: the Prometheus metrics ([`metrics`])
+//! and the handler's log lines with the per-invocation line ([`logs`]); and the wrapper's own
+//! log format.
 //!
 //! One process-wide [`Observer`] (like OpenTelemetry's global tracer provider) so that every
 //! mode reaches it from the point where an invocation completes without threading it through
-//! each server's state.
+//! each server's state; metrics and log switches are process-wide for the same reason.
 
+pub(crate) mod logs;
+pub(crate) mod metrics;
 pub(crate) mod otlp;
 pub(crate) mod record;
 pub(crate) mod replay;
@@ -25,8 +29,9 @@ use replay::ReplayWriter;
 use trace::Span;
 
 /// The wrapper's own lines: `[runr-wrapper] [LEVEL ]message key=value` on stderr; the level is
-/// left out for INFO, which keeps access lines in the spec's shape. The user program's lines
-/// are forwarded unprefixed ([`crate::process::program_line`]).
+/// left out for INFO, which keeps access lines in the spec's shape (or, `RUNR_LOG_FORMAT=json`,
+/// one JSON object per line). The user program's lines are forwarded as they are, or as JSON
+/// ([`logs::handler_line`]).
 pub(crate) const LOG_FORMAT: LogFormat = LogFormat {
     prefix: "runr-wrapper",
     info_level: false,
@@ -105,14 +110,26 @@ impl Observer {
     /// Writes the access line, exports the span and captures a failure, as configured.
     pub fn finish(&self, done: Finished<'_>) {
         if let Some(span) = &done.span {
-            let line = trace::access_line(
-                span,
-                done.method,
-                done.path,
-                done.status,
-                done.took,
-                done.cold_start,
-            );
+            let line = if logs::json() {
+                trace::access_line_json(
+                    span,
+                    done.method,
+                    done.path,
+                    done.status,
+                    done.took,
+                    done.cold_start,
+                )
+            } else {
+                trace::access_line(
+                    span,
+                    done.method,
+                    done.path,
+                    done.status,
+                    done.took,
+                    done.cold_start,
+                )
+                .into_bytes()
+            };
             trace::write_access_line(&line);
             if let (Some(exporter), true) = (&self.exporter, span.sampled) {
                 exporter.export(span_data(span, &done));

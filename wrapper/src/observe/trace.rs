@@ -194,10 +194,38 @@ pub fn access_line(
     )
 }
 
+/// The access line as a JSON object (`RUNR_LOG_FORMAT=json`) with the text line's fields:
+/// `{"time","level":"info","source":"runr-wrapper","msg":"access","trace_id","span_id",
+/// "sampled","method","path","status","duration_ms","cold_start"}`, newline included.
+pub fn access_line_json(
+    span: &Span,
+    method: &str,
+    path: &str,
+    status: u16,
+    took: Duration,
+    cold: bool,
+) -> Vec<u8> {
+    let mut line = runr_base::log::JsonLine::new(tracing::Level::INFO, "runr-wrapper");
+    line.str("msg", "access")
+        .str("trace_id", &runr_base::fmt::hex(&span.trace_id))
+        .str("span_id", &runr_base::fmt::hex(&span.span_id))
+        .bool("sampled", span.sampled)
+        .str("method", method)
+        .str("path", path)
+        .int("status", i64::from(status))
+        // One decimal, as the text line.
+        .num(
+            "duration_ms",
+            (took.as_secs_f64() * 10_000.0).round() / 10.0,
+        )
+        .bool("cold_start", cold);
+    line.finish()
+}
+
 /// Writes `line` to stderr in one write. Not through `tracing`: the line's shape is fixed by the
 /// spec and must not depend on the log formatter's level or field rendering.
-pub fn write_access_line(line: &str) {
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+pub fn write_access_line(line: &[u8]) {
+    let _ = std::io::stderr().lock().write_all(line);
 }
 
 #[cfg(test)]
@@ -318,5 +346,28 @@ mod tests {
         let line = access_line(&s, "GET", "/a\u{85}b\nc", 200, Duration::ZERO, true);
         assert_eq!(line.lines().count(), 1, "{line}");
         assert!(line.contains(" GET /a\\u{85}b\\nc 200 "), "{line}");
+        let json = access_line_json(
+            &s,
+            "GET",
+            "/orders",
+            500,
+            Duration::from_micros(41_349),
+            false,
+        );
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(v["msg"], "access");
+        assert_eq!(v["source"], "runr-wrapper");
+        assert_eq!(v["level"], "info");
+        assert_eq!(v["trace_id"], "4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b");
+        assert_eq!(v["span_id"], "0f0f0f0f0f0f0f0f");
+        assert_eq!(v["sampled"], true);
+        assert_eq!(
+            (v["method"].as_str(), v["path"].as_str()),
+            (Some("GET"), Some("/orders"))
+        );
+        assert_eq!(v["status"], 500);
+        assert_eq!(v["duration_ms"], 41.3);
+        assert_eq!(v["cold_start"], false);
+        assert!(json.ends_with(b"}\n"));
     }
 }

@@ -1,12 +1,15 @@
-//! Starting the user's processes: each in its own process group, with async pipes, owned by a
-//! [`Process`] guard that kills the whole group when dropped before the process was reaped (a
-//! cancelled request leaves no strays). Exit statuses come from [`reaper`], the one place that
-//! calls `waitpid`. The program's output lines go to our stderr through [`program_line`].
+//! Starting the user's processes: each in its own process group, with async pipes (and, with
+//! `RUNR_RESULT_FD=3`, a result pipe as its fd 3: [`result_fd`]), owned by a [`Process`] guard
+//! that kills the whole group when dropped before the process was reaped (a cancelled request
+//! leaves no strays). Exit statuses come from [`reaper`], the one place that reaps. The
+//! program's log lines go to our stderr through [`lines`].
 
 pub(crate) mod arg_limit;
+pub(crate) mod lines;
 pub(crate) mod reaper;
+pub(crate) mod result_fd;
 
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -14,55 +17,73 @@ use std::process::{Command, Stdio};
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::AsyncBufReadExt;
+#[cfg(test)]
+use tokio::io::BufReader;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
-use reaper::Exit;
+use crate::observe::logs::{HandlerLog, Stream};
+use lines::LinePipe;
 
-/// Longest stderr line forwarded as one log line; longer ones are split.
-const MAX_LOG_LINE: usize = 64 * 1024;
+use reaper::{Exit, Reaped};
 
 /// A running process (the leader of its own process group) and its pipes.
 pub struct Process {
     pid: i32,
-    exit: oneshot::Receiver<Exit>,
-    status: Option<Exit>,
+    exit: oneshot::Receiver<Reaped>,
+    status: Option<Reaped>,
     /// Its stdin, when piped.
     pub stdin: Option<pipe::Sender>,
     /// Its stdout, when piped.
     pub stdout: Option<pipe::Receiver>,
     /// Its stderr, when piped.
     pub stderr: Option<pipe::Receiver>,
+    /// The read end of its fd 3, when spawned with [`spawn_with_result_fd`].
+    pub result: Option<pipe::Receiver>,
 }
 
 /// Spawns `cmd` as the leader of a new process group and registers it with the reaper. Must
 /// run inside the tokio runtime.
 pub fn spawn(cmd: &mut Command) -> io::Result<Process> {
+    spawn_inner(cmd, false)
+}
+
+/// [`spawn`] with a result pipe as the child's fd 3 ([`Process::result`] reads it). fd 3 must
+/// have been reserved at start ([`result_fd::reserve`]).
+pub fn spawn_with_result_fd(cmd: &mut Command) -> io::Result<Process> {
+    spawn_inner(cmd, true)
+}
+
+fn spawn_inner(cmd: &mut Command, with_result: bool) -> io::Result<Process> {
     reaper::ensure_started()?;
     // A group of its own: timeouts and cancellations kill the handler with everything it
     // started, and a terminal's or our own group's signals do not reach it.
     cmd.process_group(0);
-    let (mut child, exit) = {
-        // Held across fork/exec: see the reaper module docs.
+    let result = with_result.then(result_fd::pipe).transpose()?;
+    let (pid, pipes, exit) = {
+        // Held across fork/exec: see the reaper module docs (and result_fd's).
         let mut table = reaper::lock();
-        let child = cmd.spawn()?;
-        let exit = table.register(child.id() as i32);
-        (child, exit)
+        let mut child = match &result {
+            Some((_, write)) => result_fd::with_fd3(write, || cmd.spawn())?,
+            None => cmd.spawn()?,
+        };
+        let pid = child.id() as i32;
+        let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        // The reaper keeps std's Child to reap it through (std never waits for it).
+        let exit = table.register(child);
+        (pid, pipes, exit)
     };
-    let pid = child.id() as i32;
-    // std's Child is dropped without waiting (its Drop does not wait); the reaper has the pid.
-    let stdin = child
-        .stdin
-        .take()
+    // The child has its copy of the write end; ours must go, or EOF would never come.
+    let result = result.map(|(read, _write)| read);
+    let stdin = pipes
+        .0
         .map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)));
-    let stdout = child
-        .stdout
-        .take()
+    let stdout = pipes
+        .1
         .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
-    let stderr = child
-        .stderr
-        .take()
+    let stderr = pipes
+        .2
         .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
     let mut process = Process {
         pid,
@@ -71,11 +92,13 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Process> {
         stdin: None,
         stdout: None,
         stderr: None,
+        result: None,
     };
     // On error `process` drops here and kills the fresh group.
     process.stdin = stdin.transpose()?;
     process.stdout = stdout.transpose()?;
     process.stderr = stderr.transpose()?;
+    process.result = result.map(pipe::Receiver::from_owned_fd).transpose()?;
     Ok(process)
 }
 
@@ -88,13 +111,16 @@ impl Process {
     /// Waits until the process has exited and been reaped. Cancel-safe.
     pub async fn wait(&mut self) -> Exit {
         if let Some(status) = self.status {
-            return status;
+            return status.exit;
         }
         // The sender only goes away with a reaped status sent, or if the table was torn down;
         // report the latter like a kill so callers never hang.
-        let status = (&mut self.exit).await.unwrap_or(Exit::Signal(9));
+        let status = (&mut self.exit).await.unwrap_or(Reaped {
+            exit: Exit::Signal(9),
+            max_rss_kib: 0,
+        });
         self.status = Some(status);
-        status
+        status.exit
     }
 
     /// The exit status if the process has been reaped already.
@@ -102,7 +128,13 @@ impl Process {
         if self.status.is_none() {
             self.status = self.exit.try_recv().ok();
         }
-        self.status
+        self.status.map(|s| s.exit)
+    }
+
+    /// Its peak resident set in KiB, once it has been reaped (`None` before, or when the
+    /// kernel reported none).
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        self.status.map(|s| s.max_rss_kib).filter(|kib| *kib > 0)
     }
 
     /// Sends `sig` to the whole process group while the leader is not reaped yet (after that
@@ -150,39 +182,10 @@ pub fn stdin_pipe() -> io::Result<StdinPipe> {
     })
 }
 
-/// Forwards a process's stderr (or any pipe) to our stderr line by line, until EOF.
-pub fn forward_lines(from: pipe::Receiver) {
-    tokio::spawn(async move {
-        // Small: most programs log little, and musl maps and unmaps larger blocks per request.
-        let mut reader = BufReader::with_capacity(1024, from);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match read_line_capped(&mut reader, &mut line, MAX_LOG_LINE).await {
-                Ok(Line::Eof) => {
-                    if !line.is_empty() {
-                        program_line(&line);
-                    }
-                    return;
-                }
-                Ok(Line::Complete | Line::TooLong) => program_line(&line),
-                Err(_) => return,
-            }
-        }
-    });
-}
-
-/// Writes one line of the user's program (stderr, or a non-JSON stdout line of a persistent
-/// worker) to our stderr as it is, as a single write so that concurrent handlers' lines do not
-/// interleave mid-line.
-pub fn program_line(line: &[u8]) {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut buf = Vec::with_capacity(line.len() + 1);
-    buf.extend_from_slice(line);
-    buf.push(b'\n');
-    // Nothing sensible is left to do when our own stderr is gone.
-    let _ = std::io::stderr().lock().write_all(&buf);
+/// Forwards a process's pipe to our stderr line by line until EOF, in a task of its own: the
+/// lines carry `log`'s tag and count against its cap.
+pub fn forward_lines(from: pipe::Receiver, stream: Stream, log: HandlerLog) {
+    tokio::spawn(LinePipe::new(from, stream).forward_to_end(log));
 }
 
 /// What [`read_ready`] found.

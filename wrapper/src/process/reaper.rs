@@ -16,16 +16,24 @@
 //!
 //! Consequence for the rest of the crate: never use `tokio::process` or `std::process::Child::wait`
 //! here; spawn with [`super::spawn`] and wait with [`super::Process::wait`].
+//!
+//! Each exited child is reaped with `wait4` rather than `waitpid`: the same, plus the child's
+//! own resource usage, whose peak resident set the per-invocation log line reports. nix has no
+//! `wait4` and the workspace forbids `unsafe`, so the loop finds an exited child with
+//! `waitid(P_ALL, WNOWAIT)` (it stays a zombie), and reaps a registered one through the `wait4`
+//! crate's `Child::wait4` (immediate: it has exited), an orphan with `waitpid`.
 
 use std::collections::BTreeMap;
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use nix::errno::Errno;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::oneshot;
+use wait4::Wait4;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,9 +59,20 @@ impl Exit {
     }
 }
 
-/// The processes whose exit somebody waits for, by pid.
+/// What the reaper learned about a process that ended: how, and its peak resident set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// How it ended.
+    pub exit: Exit,
+    /// Its largest resident set size in KiB (`ru_maxrss`), of the process alone: what its own
+    /// children used is counted in theirs.
+    pub max_rss_kib: u64,
+}
+
+/// The processes whose exit somebody waits for, by pid, with their std `Child` (kept only to
+/// be reaped through: std never waits for it).
 pub struct Table {
-    waiting: BTreeMap<i32, oneshot::Sender<Exit>>,
+    waiting: BTreeMap<i32, (oneshot::Sender<Reaped>, Child)>,
 }
 
 static TABLE: Mutex<Table> = Mutex::new(Table {
@@ -72,10 +91,10 @@ pub fn lock() -> MutexGuard<'static, Table> {
 }
 
 impl Table {
-    /// Registers `pid`; the receiver gets its exit status once it is reaped.
-    pub fn register(&mut self, pid: i32) -> oneshot::Receiver<Exit> {
+    /// Registers `child`; the receiver gets its exit status once it is reaped.
+    pub fn register(&mut self, child: Child) -> oneshot::Receiver<Reaped> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.insert(pid, tx);
+        self.waiting.insert(child.id() as i32, (tx, child));
         rx
     }
 
@@ -84,11 +103,27 @@ impl Table {
         self.waiting.contains_key(&pid)
     }
 
-    fn reaped(&mut self, pid: Pid, exit: Exit) {
+    /// Reaps `pid`, which has exited (`waitid` saw it, without reaping it), and tells its
+    /// waiter.
+    fn reap(&mut self, pid: Pid, exit: Exit) {
         match self.waiting.remove(&pid.as_raw()) {
-            // The waiter may be gone (request cancelled): nothing to tell then.
-            Some(tx) => drop(tx.send(exit)),
-            None => tracing::debug!(pid = pid.as_raw(), ?exit, "reaped orphan"),
+            Some((tx, mut child)) => {
+                // A zombie: wait4 returns at once, with its rusage. Linux reports KiB.
+                let max_rss_kib = match child.wait4() {
+                    Ok(used) => used.rusage.maxrss / 1024,
+                    Err(e) => {
+                        tracing::warn!(pid = pid.as_raw(), error = %e, "wait4 failed");
+                        let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                        0
+                    }
+                };
+                // The waiter may be gone (request cancelled): nothing to tell then.
+                let _ = tx.send(Reaped { exit, max_rss_kib });
+            }
+            None => {
+                let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                tracing::debug!(pid = pid.as_raw(), ?exit, "reaped orphan");
+            }
         }
     }
 }
@@ -133,15 +168,16 @@ async fn reap_loop(mut sigchld: Signal, _running: Running) {
 /// Reaps every exited child, ours or orphaned, without blocking.
 pub fn reap_now() {
     let mut table = lock();
+    let exited = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     loop {
-        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(pid, code)) => table.reaped(pid, Exit::Code(code)),
-            Ok(WaitStatus::Signaled(pid, sig, _)) => table.reaped(pid, Exit::Signal(sig as i32)),
+        match waitid(Id::All, exited) {
+            Ok(WaitStatus::Exited(pid, code)) => table.reap(pid, Exit::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => table.reap(pid, Exit::Signal(sig as i32)),
             Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
-            // Stop/continue reports are not asked for (no WUNTRACED); skip them if they come.
+            // Only exits are asked for (WEXITED); skip anything else if it comes.
             Ok(_) | Err(Errno::EINTR) => continue,
             Err(e) => {
-                tracing::warn!(error = %e, "waitpid failed");
+                tracing::warn!(error = %e, "waitid failed");
                 return;
             }
         }

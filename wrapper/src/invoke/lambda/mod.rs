@@ -41,7 +41,7 @@ use super::{Ended, Outcome, Started};
 use crate::config::{Config, Trigger};
 use crate::envelope::Request;
 use crate::observe::trace;
-use crate::response::{Reply, OCTETS};
+use crate::response::{ErrorClass, Reply, OCTETS};
 use api::Api;
 use result::{FunctionError, Prelude};
 use slot::{Chunk, Delivery, Failure, Hold, Job, Readiness, Slot, Streamed};
@@ -255,7 +255,8 @@ impl Lambda {
         let kind = self.kind_of(&req);
         if req.body.len() > MAX_PAYLOAD {
             // Lambda's limit, below the server's own.
-            return Answer::Whole(Reply::error(
+            return Answer::Whole(Reply::failure(
+                ErrorClass::Limit,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request body exceeds 6 MiB",
             ));
@@ -297,12 +298,12 @@ impl Lambda {
                         stream::End::Failed => Ended::WorkerExited,
                     };
                     let outcome = Outcome {
-                        reply: Reply {
+                        ended,
+                        ..Outcome::answered(Reply {
                             status,
                             headers: Vec::new(),
                             body: Bytes::new(),
-                        },
-                        ended,
+                        })
                     };
                     observe(&req, &outcome, arrived, started);
                 });
@@ -378,11 +379,11 @@ impl Lambda {
             Kind::InvokeApi => (req.body.to_vec(), String::new()),
         };
         if event.len() > MAX_PAYLOAD {
-            return Mapped::Whole(Outcome::failed(
-                Ended::Answered,
+            return Mapped::Whole(Outcome::answered(Reply::failure(
+                ErrorClass::Limit,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "the event payload exceeds 6 MiB",
-            ));
+            )));
         }
         let (tx, rx) = oneshot::channel();
         let job = Job {
@@ -479,10 +480,8 @@ impl Lambda {
                 match tokio::time::timeout_at(deadline, read_prelude(&mut chunks)).await {
                     Err(_elapsed) => Mapped::Whole(Outcome::timed_out(self.timeout)),
                     Ok(Err(failure)) => Mapped::Whole(self.failed(failure)),
-                    Ok(Ok(PreludeRead::Invalid(reason))) => Mapped::Whole(Outcome::failed(
-                        Ended::Answered,
-                        StatusCode::BAD_GATEWAY,
-                        &reason,
+                    Ok(Ok(PreludeRead::Invalid(reason))) => Mapped::Whole(Outcome::answered(
+                        Reply::failure(ErrorClass::Crash, StatusCode::BAD_GATEWAY, &reason),
                     )),
                     Ok(Ok(PreludeRead::Error(err))) => Mapped::Whole(function_error(kind, &err)),
                     Ok(Ok(PreludeRead::Head { head, first })) => Mapped::Streamed {
@@ -513,14 +512,14 @@ impl Lambda {
                 StatusCode::BAD_GATEWAY,
                 "the function's response was cut off",
             ),
-            Failure::BadResponseMode => Outcome::failed(
-                Ended::Answered,
+            Failure::BadResponseMode => Outcome::answered(Reply::failure(
+                ErrorClass::Crash,
                 StatusCode::BAD_GATEWAY,
                 "the runtime sent an invalid Lambda-Runtime-Function-Response-Mode",
-            ),
+            )),
             Failure::Init(err) => Outcome {
-                reply: result::error_reply(&err),
                 ended: Ended::FailedToStart,
+                ..Outcome::answered(result::error_reply(&err))
             },
             Failure::TimedOut => Outcome::timed_out(self.timeout),
         }
@@ -528,18 +527,9 @@ impl Lambda {
 }
 
 /// Where a lambda-mode invocation completed (for a streamed answer: where its body ended): the
-/// same debug line as the other modes, then the observation hook.
+/// observation hook of every mode (metrics, the invocation line, span, replay).
 fn observe(req: &Request, outcome: &Outcome, arrived: Instant, started: Started) {
     let elapsed = arrived.elapsed();
-    tracing::debug!(
-        id = %req.id,
-        method = %req.method,
-        path = %req.path,
-        status = outcome.reply.status.as_u16(),
-        ended = ?outcome.ended,
-        ms = elapsed.as_secs_f64() * 1000.0,
-        "invocation"
-    );
     let body = (&req.body[..], req.body.len() as u64);
     super::finish(req, body, outcome, elapsed, started);
 }

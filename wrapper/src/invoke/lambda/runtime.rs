@@ -18,6 +18,7 @@ use super::slot::{Exited, Slot};
 use super::Shared;
 use crate::config::lambda::{LambdaConfig, DEFAULT_TZ};
 use crate::invoke::pool::{Backoff, STOP_GRACE};
+use crate::observe::logs::{HandlerLog, Stream};
 use crate::process::{self, Process};
 
 /// How long a runtime that reported an init error gets to exit by itself (awslambdaric exits
@@ -156,10 +157,10 @@ fn spawn(slot: &Slot, spec: &Spec, api: &str) -> std::io::Result<Process> {
     let mut proc = process::spawn(&mut cmd)?;
     // A runtime logs on both; Lambda sends both to the function's logs.
     if let Some(out) = proc.stdout.take() {
-        process::forward_lines(out);
+        process::forward_lines(out, Stream::Stdout, HandlerLog::idle());
     }
     if let Some(err) = proc.stderr.take() {
-        process::forward_lines(err);
+        process::forward_lines(err, Stream::Stderr, HandlerLog::idle());
     }
     tracing::info!(slot = slot.index, pid = proc.id(), api = %api, "runtime started");
     Ok(proc)

@@ -1,0 +1,272 @@
+//! The handler's output lines and the wrapper's per-invocation lines, in the configured style
+//! (`RUNR_LOG_FORMAT`): as they are (text) or one JSON object each, tied to the invocation
+//! during which the wrapper read them; and the per-invocation cap on a handler's log output
+//! (`RUNR_LOG_MAX_BYTES`).
+//!
+//! Set once at start ([`install`]) into process-wide switches, like the observer: every place
+//! that reads a handler's pipes reaches them without threading the configuration through.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use runr_base::log::JsonLine;
+
+use crate::config::telemetry::{LogFormat, TelemetryConfig};
+
+/// The `source` of a handler's lines in JSON.
+const HANDLER: &str = "handler";
+
+static JSON: AtomicBool = AtomicBool::new(false);
+static INVOCATIONS: AtomicBool = AtomicBool::new(false);
+static MAX_BYTES: AtomicU64 = AtomicU64::new(1 << 20);
+
+/// Sets the style, the per-invocation line and the cap from `config` (at start, before any
+/// handler runs).
+pub fn install(config: &TelemetryConfig) {
+    JSON.store(config.log_format == LogFormat::Json, Ordering::Relaxed);
+    INVOCATIONS.store(config.log_invocations, Ordering::Relaxed);
+    MAX_BYTES.store(config.log_max_bytes, Ordering::Relaxed);
+}
+
+/// True when lines are JSON objects.
+pub fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// Which of the handler's streams a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Its stdout (persistent mode's non-answer lines; everything with `RUNR_RESULT_FD=3`).
+    Stdout,
+    /// Its stderr.
+    Stderr,
+}
+
+impl Stream {
+    /// The name in the JSON line's `stream`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// The invocation a handler line belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    /// The envelope id.
+    pub request_id: Arc<str>,
+    /// The trace, when tracing is on.
+    pub trace_id: Option<Arc<str>>,
+}
+
+/// Writes one line of the handler's output (newline and a CR before it left off) to our
+/// stderr with one write, so concurrent handlers' lines never interleave mid-line: as it is in
+/// text style, as `{"time","level":"info","source":"handler","stream","requestId"?,"traceId"?,
+/// "msg"}` in JSON (bytes that are not UTF-8 replaced).
+pub fn handler_line(stream: Stream, line: &[u8], tag: Option<&Tag>) {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let buf = if json() {
+        let mut j = JsonLine::new(tracing::Level::INFO, HANDLER);
+        j.str("stream", stream.as_str());
+        if let Some(tag) = tag {
+            j.str("requestId", &tag.request_id);
+            if let Some(trace) = &tag.trace_id {
+                j.str("traceId", trace);
+            }
+        }
+        j.str("msg", &String::from_utf8_lossy(line));
+        j.finish()
+    } else {
+        let mut buf = Vec::with_capacity(line.len() + 1);
+        buf.extend_from_slice(line);
+        buf.push(b'\n');
+        buf
+    };
+    // Nothing sensible is left to do when our own stderr is gone.
+    let _ = std::io::stderr().lock().write_all(&buf);
+}
+
+/// Where one handler's log lines go during one invocation (or while a worker is idle: no tag,
+/// no cap): the tag they carry and what is left of `RUNR_LOG_MAX_BYTES`.
+#[derive(Debug)]
+pub struct HandlerLog {
+    tag: Option<Tag>,
+    budget: u64,
+    dropped: u64,
+    /// Tests: lines kept here instead of written.
+    #[cfg(test)]
+    record: Option<Vec<Vec<u8>>>,
+}
+
+impl HandlerLog {
+    /// Lines of the invocation `tag`, capped at `RUNR_LOG_MAX_BYTES`.
+    pub fn invocation(tag: Tag) -> HandlerLog {
+        HandlerLog {
+            tag: Some(tag),
+            budget: MAX_BYTES.load(Ordering::Relaxed),
+            dropped: 0,
+            #[cfg(test)]
+            record: None,
+        }
+    }
+
+    /// Lines read while no invocation runs: no tag, no cap.
+    pub fn idle() -> HandlerLog {
+        HandlerLog {
+            tag: None,
+            budget: u64::MAX,
+            dropped: 0,
+            #[cfg(test)]
+            record: None,
+        }
+    }
+
+    /// Tests: a log that keeps its lines ([`HandlerLog::recorded`]).
+    #[cfg(test)]
+    pub fn recording() -> HandlerLog {
+        HandlerLog {
+            record: Some(Vec::new()),
+            ..HandlerLog::idle()
+        }
+    }
+
+    /// Tests: the lines kept so far.
+    #[cfg(test)]
+    pub fn recorded(&self) -> Vec<Vec<u8>> {
+        self.record.clone().unwrap_or_default()
+    }
+
+    /// The same invocation's lines read by another task from here on, with what is left of
+    /// the cap.
+    pub fn continued(&self) -> HandlerLog {
+        HandlerLog {
+            tag: self.tag.clone(),
+            budget: self.budget,
+            dropped: 0,
+            #[cfg(test)]
+            record: None,
+        }
+    }
+
+    /// Writes `line` (as the handler wrote it, newline included if there was one) unless the
+    /// cap is reached; once one line did not fit, every later one of this invocation is
+    /// dropped too, so what is logged is a prefix of what was written.
+    pub fn line(&mut self, stream: Stream, line: &[u8]) {
+        let len = line.len() as u64;
+        if self.dropped == 0 && len <= self.budget {
+            self.budget -= len;
+            #[cfg(test)]
+            if let Some(r) = self.record.as_mut() {
+                r.push(line.to_vec());
+                return;
+            }
+            handler_line(stream, line, self.tag.as_ref());
+        } else {
+            self.dropped += len;
+        }
+    }
+
+    /// Ends the invocation's lines: one warning with how much was dropped, if anything was.
+    pub fn finish(&mut self) {
+        if self.dropped == 0 {
+            return;
+        }
+        let max_bytes = MAX_BYTES.load(Ordering::Relaxed);
+        let request_id = self.tag.as_ref().map(|t| t.request_id.to_string());
+        tracing::warn!(
+            request_id,
+            dropped_bytes = self.dropped,
+            max_bytes,
+            "handler log output over RUNR_LOG_MAX_BYTES: the rest of the invocation's lines were dropped"
+        );
+        // Lines still read after this (a grandchild's) go on being dropped and counted anew.
+        self.dropped = 0;
+        self.budget = 0;
+    }
+}
+
+/// What the per-invocation line says about one finished invocation.
+#[derive(Debug)]
+pub struct InvocationLine<'a> {
+    /// The envelope id.
+    pub request_id: &'a str,
+    /// `http`, `queue` or `schedule`.
+    pub trigger: &'a str,
+    /// The status answered.
+    pub status: u16,
+    /// From the request's arrival to the answer.
+    pub took: Duration,
+    /// The `X-RunR-Error` class of a wrapper-made answer.
+    pub error: Option<&'static str>,
+    /// The handler's exit status, when it exited (exec mode; a persistent worker that died).
+    pub exit_status: Option<i32>,
+    /// Exec mode: the handler's peak resident set, from `wait4`.
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// Logs the per-invocation line: at info with `RUNR_LOG_INVOCATIONS=1`, else at debug.
+pub fn invocation(line: &InvocationLine<'_>) {
+    macro_rules! at {
+        ($level:ident) => {
+            tracing::$level!(
+                request_id = line.request_id,
+                trigger = line.trigger,
+                status = line.status,
+                duration_ms = line.took.as_secs_f64() * 1000.0,
+                error = line.error,
+                exit_status = line.exit_status,
+                peak_rss_kib = line.peak_rss_kib,
+                "invocation"
+            )
+        };
+    }
+    if INVOCATIONS.load(Ordering::Relaxed) {
+        at!(info);
+    } else {
+        at!(debug);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag() -> Tag {
+        Tag {
+            request_id: "r1".into(),
+            trace_id: None,
+        }
+    }
+
+    #[test]
+    fn the_cap_keeps_a_prefix_and_counts_the_rest() {
+        let mut log = HandlerLog {
+            tag: Some(tag()),
+            budget: 10,
+            ..HandlerLog::recording()
+        };
+        log.line(Stream::Stderr, b"12345\n");
+        assert_eq!((log.budget, log.dropped), (4, 0));
+        log.line(Stream::Stderr, b"123456\n");
+        assert_eq!((log.budget, log.dropped), (4, 7));
+        // A later line that would fit is dropped too: the log is a prefix of the output.
+        log.line(Stream::Stdout, b"1\n");
+        assert_eq!((log.budget, log.dropped), (4, 9));
+        assert_eq!(log.recorded(), [b"12345\n".to_vec()]);
+        log.finish();
+        assert_eq!((log.budget, log.dropped), (0, 0));
+    }
+
+    #[test]
+    fn idle_lines_are_not_capped() {
+        let mut log = HandlerLog::idle();
+        log.line(Stream::Stdout, &[b'x'; 4096]);
+        assert_eq!(log.dropped, 0);
+        assert!(log.tag.is_none());
+    }
+}
