@@ -88,14 +88,19 @@ fn wait_listening(child: &mut Child, log: &Path, skip: usize, program: &str) -> 
     })
 }
 
-/// The port of a `listening addr=<host>:<port>` log line (any prefix, level or field order).
+/// The port of a `listening addr=<host>:<port>` log line (any prefix, level or field order),
+/// or of a JSON log line with `"msg":"listening"` and `"addr":"<host>:<port>"`.
 pub fn listening_port(line: &str) -> Option<u16> {
     if !line.contains("listening") {
         return None;
     }
     let addr = line
         .split_whitespace()
-        .find_map(|field| field.strip_prefix("addr="))?;
+        .find_map(|field| field.strip_prefix("addr="))
+        .or_else(|| {
+            let rest = line.split_once("\"addr\":\"")?.1;
+            rest.split_once('"').map(|(addr, _)| addr)
+        })?;
     addr.trim_matches('"').rsplit_once(':')?.1.parse().ok()
 }
 
@@ -114,6 +119,12 @@ mod tests {
                 "[runr-image-upload] 2026-12-01T07:00:00.000Z INFO listening dir=/w addr=[::]:8080"
             ),
             Some(8080)
+        );
+        assert_eq!(
+            listening_port(
+                r#"{"time":"2026-12-01T07:00:00.000Z","level":"info","msg":"listening","addr":"0.0.0.0:41234"}"#
+            ),
+            Some(41234)
         );
         assert_eq!(listening_port("[x] stopped addr=0.0.0.0:1"), None);
         assert_eq!(listening_port("[x] listening"), None);

@@ -3,6 +3,8 @@
 //! here rather than new files at tests/ top level.
 
 mod admission;
+mod deadlines;
+mod errors;
 mod exec;
 mod headers;
 mod http_mode;
@@ -10,9 +12,15 @@ mod lambda;
 mod lifecycle;
 mod logs;
 mod memory;
+mod metrics;
 mod observed_support;
 mod persistent;
 mod proxy;
+mod readiness;
+mod recycling;
 mod replay;
+mod result_fd;
 mod stress;
+mod structured_logs;
 mod support;
+mod telemetry_support;

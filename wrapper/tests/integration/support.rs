@@ -57,6 +57,16 @@ impl Wrapper {
         self.server.addr
     }
 
+    /// GETs `path` until it answers 200 (a worker that starts slower than a short RUNR_TIMEOUT
+    /// times out first on a loaded machine) and returns that answer.
+    pub fn get_when_up(&self, path: &str) -> Resp {
+        runr_testkit::wait_for(
+            &format!("GET {path} to answer 200"),
+            std::time::Duration::from_secs(60),
+            || Some(self.get(path)).filter(|r| r.status == 200),
+        )
+    }
+
     pub fn get(&self, path: &str) -> Resp {
         self.send("GET", path, &[], b"")
     }
