@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# runr-wrapper benchmark, loopback only, about 2 minutes. Prints one table, side by side:
+# runr-wrapper benchmark, loopback only, about 3 minutes. Prints one table, side by side:
 #   exec mode with `cat` (RUNR_INPUT=raw) | persistent mode with a compiled echo worker |
 #   lambda mode with a compiled lambda_runtime echo function (wrapper/tests/fixtures/lambda-rust)
-#   | the same echo served by bare hyper (no wrapper)
+#   | the same persistent mode with the metrics endpoint and JSON logs on (RUNR_METRICS_PORT,
+#   RUNR_LOG_FORMAT=json), and with the per-invocation line too (RUNR_LOG_INVOCATIONS=1) |
+#   the same echo served by bare hyper (no wrapper)
 # at concurrency 1, 8 and 64 (wrk, 100-byte POSTs): req/s, p50/p99 latency, CPU per request
 # (the server's process tree: wrapper + reaped children + live workers, and the wrapper
 # process alone); lambda mode's req/s against persistent mode's (target: >= 0.8x); then exec mode's CPU
@@ -12,7 +14,8 @@
 # size and the time from exec to the first answered request.
 #
 #   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=4
-#   BEFORE=/path/to/older/runr-wrapper bash bench/wrapper.sh   # peak RSS of that binary too
+#   BEFORE=/path/to/older/runr-wrapper bash bench/wrapper.sh   # peak RSS of that binary too,
+#                                    # and persistent mode with it (what always-on parts cost)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -133,6 +136,38 @@ pid=$PID
 run lambda "$p" "$pid"
 kill "$pid"; wait "$pid" || true
 
+NAMES="exec persistent"
+if [ -n "${BEFORE:-}" ]; then
+  echo "persistent mode, $BEFORE ..." >&2
+  p=$(free_port)
+  start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BEFORE"
+  pid=$PID
+  run before "$p" "$pid"
+  kill "$pid"; wait "$pid" || true
+  NAMES="$NAMES before"
+fi
+
+echo "persistent mode, metrics + json logs ..." >&2
+p=$(free_port)
+mp=$(free_port)
+start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" \
+  RUNR_METRICS_PORT="$mp" RUNR_LOG_FORMAT=json "$BIN"
+pid=$PID
+run telemetry "$p" "$pid"
+# The endpoint answers and counted what wrk sent (a sanity check, not a timing).
+SCRAPED=$(curl -s "http://127.0.0.1:$mp/metrics" | awk '/^faas_invocations_total\{.*code="2xx"/ { print $2 }')
+kill "$pid"; wait "$pid" || true
+
+echo "persistent mode, metrics + json logs + invocation lines ..." >&2
+p=$(free_port)
+mp=$(free_port)
+: >"$OUT/invocations.log"
+env PORT="$p" RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" \
+  RUNR_METRICS_PORT="$mp" RUNR_LOG_FORMAT=json RUNR_LOG_INVOCATIONS=1 "$BIN" >/dev/null 2>>"$OUT/invocations.log" &
+pid=$!
+run invlines "$p" "$pid"
+kill "$pid"; wait "$pid" || true
+
 echo "bare hyper echo ..." >&2
 p=$(free_port)
 start "$p" "$BARE"
@@ -195,7 +230,7 @@ echo
 echo "runr-wrapper benchmark  $(date -u +%FT%TZ)  $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "wrk ${DURATION}s per cell, 100-byte POSTs; persistent: $WORKERS workers (C echo); lambda: $WORKERS runtimes (lambda_runtime echo); exec: cat (RUNR_INPUT=raw)"
 printf '\n%-12s %4s %10s %9s %9s %12s %15s\n' mode conc req/s p50_ms p99_ms cpu_us/req wrapper_us/req
-for name in exec persistent lambda bare; do
+for name in $NAMES lambda telemetry invlines bare; do
   for c in 1 8 64; do
     printf '%-12s %4s %10s %9s %9s %12s %15s\n' "$name" "$c" "${RPS[$name,$c]}" "$(ms "${P50[$name,$c]}")" \
       "$(ms "${P99[$name,$c]}")" "${CPU[$name,$c]}" "${SELF[$name,$c]}"
@@ -223,6 +258,18 @@ for c in 1 8 64; do
   awk -v l="${RPS[lambda,$c]}" -v p="${RPS[persistent,$c]}" -v c="$c" \
     'BEGIN { printf "lambda c%-2s: %.2fx of persistent req/s (target >= 0.80)\n", c, l / p }'
 done
+for c in 1 8 64; do
+  awk -v t="${SELF[telemetry,$c]}" -v p="${SELF[persistent,$c]}" -v i="${SELF[invlines,$c]}" \
+    -v tt="${CPU[telemetry,$c]}" -v pt="${CPU[persistent,$c]}" -v c="$c" \
+    'BEGIN { printf "persistent c%-2s with metrics + json logs: %+.1f us wrapper CPU per request (target < 5; %+.1f us the whole tree), with invocation lines: %+.1f us\n", c, t - p, tt - pt, i - p }'
+done
+if [ -n "${BEFORE:-}" ]; then
+  for c in 1 8 64; do
+    awk -v p="${SELF[persistent,$c]}" -v b="${SELF[before,$c]}" -v c="$c" \
+      'BEGIN { printf "persistent c%-2s, nothing set, against BEFORE: %+.1f us wrapper CPU per request\n", c, p - b }'
+  done
+fi
+printf 'metrics endpoint after the telemetry run: faas_invocations_total{code="2xx"} = %s\n' "${SCRAPED:-none}"
 printf 'idle RSS: %s KiB (peak under load: %s KiB)\n' "$IDLE_RSS" "$LOADED_RSS"
 printf 'binary: %s bytes stripped (%s MiB), %s\n' "$SIZE" "$(awk -v s="$SIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$STATIC"
 printf 'exec to first answer (median of 15): %s ms for an invocation (exec mode, one cat spawn), %s ms for a Knative probe\n' \
