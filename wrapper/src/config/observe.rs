@@ -97,7 +97,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::new(
         ENV_TICK_WAIT,
         "60s",
-        "http mode: how long to wait for the program to listen",
+        "how long to wait for the program to listen (http mode) or say it is ready (RUNR_WORKER_READY)",
     ),
     VarDoc::optional(
         ENV_OTLP_ENDPOINT,
@@ -157,7 +157,8 @@ pub struct ObserveConfig {
     /// `RUNR_UPSTREAM_PORT`.
     pub upstream_port: u16,
     /// `RUNR_TICK_WAIT`: how long http mode waits for the program to listen (the invoke
-    /// sequence, and the observed proxy before it answers 503).
+    /// sequence, and the observed proxy before it answers 503), and how long a persistent
+    /// worker gets to say it is ready (`RUNR_WORKER_READY=1`).
     pub listen_wait: Duration,
 }
 

@@ -133,6 +133,8 @@ struct Spec {
     command: Vec<String>,
     cwd: Option<PathBuf>,
     handler: HandlerConfig,
+    /// How long a worker gets to say it is ready (`RUNR_TICK_WAIT`).
+    ready_wait: Duration,
     /// Jobs in line. Unbounded here because the server's admission control lets at most one
     /// request per worker in (the line in front of it is bounded by `RUNR_MAX_QUEUE`); an
     /// undelivered job comes back through `requeue`.
@@ -172,6 +174,7 @@ impl Pool {
             command: config.command.clone(),
             cwd: code_dir(),
             handler: config.handler.clone(),
+            ready_wait: config.observe.listen_wait,
             queue: Mutex::new(rx),
             requeue: tx.clone(),
             stop: stop_rx,
@@ -381,6 +384,8 @@ struct Worker {
     max_requests: Option<u64>,
     /// Recycled at this time (`RUNR_WORKER_MAX_AGE`, jittered).
     retire_at: Option<Instant>,
+    /// With the ready handshake: killed if it has not said it is ready by then.
+    ready_by: Instant,
     /// Counted alive once it is started (ready).
     alive: Option<Alive>,
 }
@@ -575,6 +580,7 @@ fn start_worker(slot: usize, spec: &Spec) -> std::io::Result<Worker> {
             .handler
             .max_age
             .map(|age| started + age.mul_f64(jitter(1.0))),
+        ready_by: started + spec.ready_wait,
         alive: None,
     })
 }
@@ -632,6 +638,16 @@ async fn until_ready(worker: &mut Worker, spec: &Spec) -> Result<(), Exit> {
                 Read::Closed => {}
             },
             exit = worker.proc.wait() => return Err(exit),
+            () = tokio::time::sleep_until(worker.ready_by) => {
+                tracing::warn!(
+                    slot = worker.slot,
+                    pid = worker.proc.id(),
+                    wait = %runr_base::env::display_duration(spec.ready_wait),
+                    "worker did not say it was ready in time (RUNR_TICK_WAIT); killing it"
+                );
+                worker.proc.signal_group(Signal::SIGKILL);
+                return Err(worker.proc.wait().await);
+            }
         }
     }
 }

@@ -194,3 +194,26 @@ for line in sys.stdin:
     assert_eq!(r.header("x-runr-error"), None, "{:?}", r.headers);
     assert_eq!(r.header("x-other"), Some("kept"));
 }
+
+#[test]
+fn the_observed_proxy_marks_its_own_answers() {
+    use crate::observed_support::start_proxy;
+    // The program takes 30 s to listen; requests wait RUNR_TICK_WAIT for it.
+    let w = start_proxy(&[
+        ("RUNR_METRICS_PORT", "0".to_string()),
+        ("RUNR_TICK_WAIT", "1s".to_string()),
+        ("STARTUP_DELAY", "30".to_string()),
+    ]);
+    let r = w.get("/");
+    assert_eq!(
+        (r.status, r.header("x-runr-error"), r.error().as_str()),
+        (
+            503,
+            Some("unavailable"),
+            "the function is not listening yet"
+        )
+    );
+    // A probe is not a failed invocation: no class.
+    let r = w.send("GET", "/", &[("K-Network-Probe", "1")], b"");
+    assert_eq!((r.status, r.header("x-runr-error")), (503, None));
+}

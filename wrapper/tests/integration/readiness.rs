@@ -145,3 +145,32 @@ fn a_worker_exiting_before_ready_is_restarted_with_doubling_backoff() {
     );
     assert_eq!(probe(&w).0, 503);
 }
+
+#[test]
+fn a_worker_that_never_says_ready_is_killed_after_runr_tick_wait_and_restarted() {
+    let mut v = env(
+        "persistent",
+        &["bash", "-c", "echo $$ >> \"$PIDS\"; exec sleep 600"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    v.extend(vars(&[
+        ("RUNR_WORKER_READY", "1"),
+        ("RUNR_TICK_WAIT", "1s"),
+        ("PIDS", &pids.display().to_string()),
+    ]));
+    let w = Wrapper::start(&v);
+    let started = wait_for("a second start", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        let p: Vec<i32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+        (p.len() >= 2).then_some(p)
+    });
+    assert!(!crate::support::alive(started[0]), "the first was killed");
+    assert!(
+        w.log().contains("worker did not say it was ready in time"),
+        "{}",
+        w.log()
+    );
+    let p = probe(&w);
+    assert_eq!((p.0, p.1.as_str()), NOT_READY);
+}
