@@ -8,11 +8,15 @@
 //!
 //! - [`commands`]: the subcommands, and what every run sets up once;
 //! - `schedule`, `install`: the schedule one-shots; copying the binary;
-//! - `http`: the server of exec/persistent mode, the observed proxy, http mode's direct run;
+//! - `http`: the server of exec/persistent mode (admission control), the observed proxy, http
+//!   mode's direct run, the metrics endpoint;
 //! - `invoke`: one invocation in exec or persistent mode, and its observation hook;
-//! - `envelope`, `response`: request → what the handler reads; what it wrote → answer;
-//! - `process`: spawning in process groups, and the one reaper;
-//! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, log format;
+//! - `envelope`, `response`: request → what the handler reads; what it wrote → answer (and the
+//!   error classes of the wrapper's own answers);
+//! - `process`: spawning in process groups (fd 3 included), the handler's log pipes, and the
+//!   one reaper;
+//! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, metrics,
+//!   the handler's log lines and the per-invocation line, log format;
 //! - `config`: every variable.
 #![forbid(unsafe_code)]
 
