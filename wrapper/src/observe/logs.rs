@@ -217,7 +217,8 @@ pub fn invocation(line: &InvocationLine<'_>) {
                 request_id = line.request_id,
                 trigger = line.trigger,
                 status = line.status,
-                duration_ms = line.took.as_secs_f64() * 1000.0,
+                // Microsecond precision: a float of nanoseconds prints 33.224838999999996.
+                duration_ms = (line.took.as_secs_f64() * 1e6).round() / 1e3,
                 error = line.error,
                 exit_status = line.exit_status,
                 peak_rss_kib = line.peak_rss_kib,
