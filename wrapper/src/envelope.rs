@@ -30,6 +30,10 @@ pub const MAX_BODY: usize = 10 * 1024 * 1024;
 /// concatenate to the whole body's base64.
 pub const BODY_PIECE: usize = 16 * 1024 * 3;
 
+/// Envelope bytes a writer gathers before a write to a handler's pipe: a pipe's default
+/// capacity (see [`EnvelopeStream::fill`]).
+pub const WRITE_CHUNK: usize = 64 * 1024;
+
 /// One invocation's request, whatever mode runs it.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -525,6 +529,19 @@ impl<'a> EnvelopeStream<'a> {
         }
         true
     }
+
+    /// Appends pieces to `out` until it holds at least `at_least` bytes or the envelope is
+    /// complete; returns whether more follows. Each write(2) to a pipe wakes its reader, so
+    /// writers gather a pipe's worth at a time instead of writing piece by piece (measured on
+    /// persistent mode: head, body, tail and newline written apart cost ~9 µs a request at c8).
+    pub fn fill(&mut self, out: &mut Vec<u8>, at_least: usize) -> bool {
+        while out.len() < at_least {
+            if !self.next_piece(out) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// The envelope up to the body.
@@ -965,6 +982,34 @@ mod tests {
                 piece.clear();
             }
             assert!(pieces >= 3, "head, body pieces, tail");
+        }
+    }
+
+    #[test]
+    fn filled_chunks_join_into_the_whole_envelope_and_a_small_one_is_one_chunk() {
+        for len in [0, 10, WRITE_CHUNK - 100, WRITE_CHUNK, 3 * WRITE_CHUNK + 7] {
+            let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let req = Request::new(Trigger::Http, "POST", "/", HeaderMap::new(), body.into());
+            let mut stream = EnvelopeStream::new(&req);
+            let (mut joined, mut chunk, mut chunks) = (Vec::new(), Vec::new(), 0);
+            loop {
+                let more = stream.fill(&mut chunk, WRITE_CHUNK);
+                chunks += 1;
+                assert!(
+                    chunk.len() < WRITE_CHUNK + 6 * BODY_PIECE + 64,
+                    "{}",
+                    chunk.len()
+                );
+                joined.extend_from_slice(&chunk);
+                chunk.clear();
+                if !more {
+                    break;
+                }
+            }
+            assert_eq!(joined, whole_envelope(&req), "body of {len} bytes");
+            if len < WRITE_CHUNK - 200 {
+                assert_eq!(chunks, 1, "body of {len} bytes");
+            }
         }
     }
 

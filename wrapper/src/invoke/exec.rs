@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
-use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request};
+use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request, WRITE_CHUNK};
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
@@ -263,8 +263,9 @@ impl Feed<'_> {
             Feed::Envelope(req) => {
                 let mut envelope = EnvelopeStream::new(req);
                 let mut piece = Vec::new();
-                while envelope.next_piece(&mut piece) {
-                    if w.write_all(&piece).await.is_err() {
+                loop {
+                    let more = envelope.fill(&mut piece, WRITE_CHUNK);
+                    if w.write_all(&piece).await.is_err() || !more {
                         break;
                     }
                     piece.clear();

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::handler::HandlerConfig;
 use crate::config::Config;
-use crate::envelope::{EnvelopeStream, Request};
+use crate::envelope::{EnvelopeStream, Request, WRITE_CHUNK};
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics::{self, Held};
 use crate::process::lines::LinePipe;
@@ -1062,7 +1062,7 @@ async fn write_line(w: &mut pipe::Sender, req: &Request, written: &AtomicUsize) 
     let mut envelope = EnvelopeStream::new(req);
     let mut piece = Vec::new();
     loop {
-        let more = envelope.next_piece(&mut piece);
+        let more = envelope.fill(&mut piece, WRITE_CHUNK);
         if !more {
             piece.push(b'\n');
         }
