@@ -125,6 +125,86 @@ pub fn unlisted(tables: &[&[VarDoc]], read: &[String]) -> Vec<String> {
     out
 }
 
+/// A variable present in the environment, named like a binary's own (its prefixes), that none of
+/// its tables documents. Most often a typo or a variable of another binary, which would otherwise
+/// be ignored without a word; `nearest` is the documented name it most likely meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unknown {
+    /// The name as it is set.
+    pub name: String,
+    /// A documented name within a few edits of it, or with the same last two words.
+    pub nearest: Option<&'static str>,
+}
+
+/// The names among `present` that start with one of `prefixes` and that no row of `tables`
+/// documents, sorted, each with its likely intended name.
+pub fn unknown(
+    prefixes: &[&str],
+    tables: &[&[VarDoc]],
+    present: impl IntoIterator<Item = String>,
+) -> Vec<Unknown> {
+    let documented = || tables.iter().flat_map(|t| t.iter()).map(|v| v.name);
+    let mut out: Vec<Unknown> = present
+        .into_iter()
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)) && !documented().any(|d| d == n))
+        .map(|name| {
+            let nearest = documented()
+                .map(|d| (edit_distance(&name, d), d))
+                .filter(|&(distance, d)| distance <= 3 || same_tail(&name, d))
+                .min()
+                .map(|(_, d)| d);
+            Unknown { name, nearest }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup();
+    out
+}
+
+/// Logs a warning for every [`unknown`] variable of the process environment (once logging is
+/// set up, after the configuration was accepted). Names that are not UTF-8 are not ours.
+pub fn warn_unknown(prefixes: &[&str], tables: &[&[VarDoc]]) {
+    let present = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    for u in unknown(prefixes, tables, present) {
+        match u.nearest {
+            Some(nearest) => tracing::warn!(
+                variable = %u.name,
+                did_you_mean = nearest,
+                "unknown variable, ignored"
+            ),
+            None => tracing::warn!(variable = %u.name, "unknown variable, ignored"),
+        }
+    }
+}
+
+/// Whether two names end in the same two `_`-separated words (`RUNR_PREWARM_PLAIN_HTTP` and
+/// `RUNR_REGISTRY_PLAIN_HTTP`): the same setting under another binary's prefix.
+fn same_tail(a: &str, b: &str) -> bool {
+    let tail = |s: &str| {
+        let words: Vec<&str> = s.rsplitn(3, '_').collect();
+        (words.len() == 3).then(|| (words[0].to_string(), words[1].to_string()))
+    };
+    tail(a).is_some_and(|t| Some(t) == tail(b))
+}
+
+/// Levenshtein distance over bytes (names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 // === errors ===
 
 /// One bad variable: its name, the value it had (`None` when unset) and what is wrong with it,
@@ -885,6 +965,56 @@ mod tests {
         VarDoc::required("RUNR_X_MODE", "exec | http"),
         VarDoc::optional("RUNR_X_TRACE", "1: trace every request"),
     ];
+
+    #[test]
+    fn unknown_names_with_the_prefix_are_found_with_what_they_meant() {
+        const OWN: &[VarDoc] = &[VarDoc::new("RUNR_TIMEOUT", "30", "per invocation")];
+        const REGISTRY: &[VarDoc] = &[VarDoc::new("RUNR_REGISTRY_PLAIN_HTTP", "false", "http")];
+        let present = [
+            "RUNR_TIMOUT",             // a typo of a documented name
+            "RUNR_PREWARM_PLAIN_HTTP", // another binary's prefix, the same setting
+            "RUNR_SOMETHING_ELSE",     // nothing like it
+            "RUNR_TIMEOUT",            // documented
+            "PATH",                    // not ours
+            "RUNR_TIMOUT",             // twice is reported once
+        ]
+        .map(String::from);
+        let found = unknown(&["RUNR_"], &[TABLE, OWN, REGISTRY], present);
+        assert_eq!(
+            found,
+            [
+                Unknown {
+                    name: "RUNR_PREWARM_PLAIN_HTTP".into(),
+                    nearest: Some("RUNR_REGISTRY_PLAIN_HTTP")
+                },
+                Unknown {
+                    name: "RUNR_SOMETHING_ELSE".into(),
+                    nearest: None
+                },
+                Unknown {
+                    name: "RUNR_TIMOUT".into(),
+                    nearest: Some("RUNR_TIMEOUT")
+                },
+            ]
+        );
+        assert!(unknown(&["RUNR_"], &[OWN], ["RUNR_TIMEOUT".to_string()]).is_empty());
+        assert!(unknown(
+            &["RUNR_QUEUE_", "RUNR_X_"],
+            &[OWN],
+            ["RUNR_TIMOUT".to_string()]
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("RUNR_TIMEOUT", "RUNR_TIMEOUT"), 0);
+        assert_eq!(edit_distance("RUNR_TIMOUT", "RUNR_TIMEOUT"), 1);
+        assert_eq!(edit_distance("RUNR_WORKER", "RUNR_WORKERS"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("abc", ""), 3);
+    }
 
     #[test]
     fn help_renders_the_table() {

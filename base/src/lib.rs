@@ -5,6 +5,7 @@
 //!   `help`/`version` render;
 //! - [`log`]: the prefixed one-line log format;
 //! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
+//! - [`runtime`]: the one-thread tokio runtime;
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
 //!
@@ -15,6 +16,7 @@
 pub mod env;
 pub mod fmt;
 pub mod log;
+pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod signal;

@@ -50,6 +50,10 @@ fn serve() -> ExitCode {
         Err(errors) => return bad_config(&errors),
     };
     runr_base::log::init(LOG, config.log_level);
+    runr_base::env::warn_unknown(
+        &["RUNR_UPLOAD_", "RUNR_REGISTRY_"],
+        &[config::VARS, runr_registry::config::VARS],
+    );
     run("serve", runr_image_upload::serve::serve(config))
 }
 

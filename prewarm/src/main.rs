@@ -40,6 +40,10 @@ fn run() -> ExitCode {
         }
     };
     runr_base::log::init(LOG_FORMAT, config.log);
+    runr_base::env::warn_unknown(
+        &["RUNR_PREWARM_", "RUNR_REGISTRY_"],
+        &[runr_prewarm::config::VARS, runr_registry::config::VARS],
+    );
     if let Err(e) = roots {
         tracing::warn!(error = %e, "cannot provide the built-in CA roots as a system store");
     }

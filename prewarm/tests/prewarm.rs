@@ -376,6 +376,29 @@ fn bad_configuration_exits_2_naming_each_variable() {
 }
 
 #[test]
+fn a_variable_under_the_wrong_prefix_is_warned_about_with_the_one_meant() {
+    // Nothing listens on port 1: the run fails fast, after the warnings.
+    let mut env = base_env("127.0.0.1:1", "small:1");
+    env.retain(|(k, _)| k != "RUNR_REGISTRY_PLAIN_HTTP" && k != "RUNR_PREWARM_WAIT");
+    env.push(("RUNR_PREWARM_WAIT".into(), "100ms".into()));
+    env.push(("RUNR_PREWARM_PLAIN_HTTP".into(), "1".into()));
+    let done = run(&env);
+    assert_eq!(done.code, 1, "{done:?}");
+    let warnings: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| l.contains("unknown variable"))
+        .collect();
+    assert_eq!(
+        warnings,
+        ["[runr-prewarm] WARN unknown variable, ignored variable=RUNR_PREWARM_PLAIN_HTTP did_you_mean=RUNR_REGISTRY_PLAIN_HTTP"],
+        "{done:?}"
+    );
+    // Ignored indeed: the registry was tried over https.
+    assert!(done.stderr.contains("https://127.0.0.1:1/v2/"), "{done:?}");
+}
+
+#[test]
 fn version_and_help_print_the_version_and_every_variable() {
     let version = Prewarm::start(&[], &["version"]).finish(Duration::from_secs(10));
     assert_eq!(version.code, 0, "{version:?}");

@@ -55,24 +55,18 @@ pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
         }
     };
     runr_base::log::init(LOG_FORMAT, config.log_level);
+    runr_base::env::warn_unknown(&["RUNR_QUEUE_"], &[config::VARS]);
     // One thread: the work is waiting on sockets; DNS lookups use tokio's blocking pool.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::from(EXIT_FATAL);
-        }
-    };
-    let ended = runtime.block_on(async {
+    let ended = runr_base::runtime::block_on(async {
         let shutdown = match runr_base::signal::shutdown() {
             Ok(s) => s,
             Err(e) => return Ended::Fatal(format!("cannot install the signal handlers: {e}")),
         };
         consumer::run(config, shutdown).await
     });
+    let Some(ended) = ended else {
+        return ExitCode::from(EXIT_FATAL);
+    };
     match ended {
         Ended::Stopped { .. } => ExitCode::SUCCESS,
         Ended::Fatal(m) => {

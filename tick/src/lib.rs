@@ -40,20 +40,11 @@ pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
             return ExitCode::from(runr_base::EXIT_CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
     let event = ScheduleEvent::new();
-    match runtime.block_on(wait_and_send(&config.target, config.wait, &event)) {
-        Ok(response) => ExitCode::from(print_response(&response)),
-        Err(e) => {
+    match runr_base::runtime::block_on(wait_and_send(&config.target, config.wait, &event)) {
+        None => ExitCode::FAILURE,
+        Some(Ok(response)) => ExitCode::from(print_response(&response)),
+        Some(Err(e)) => {
             tracing::error!(target_url = %config.target, "{}", runr_base::fmt::error_chain(&e));
             ExitCode::FAILURE
         }

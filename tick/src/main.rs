@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         }
         None => {
             runr_base::log::init(runr_tick::LOG_FORMAT, tracing::Level::INFO);
+            runr_base::env::warn_unknown(&["RUNR_TICK_"], &[runr_tick::config::VARS]);
             runr_tick::command(&runr_base::env::process_lookup)
         }
     }

@@ -42,6 +42,12 @@ pub fn serve() -> ExitCode {
     };
     init_logs(config.telemetry.log_format, config.log_level);
     logs::install(&config.telemetry);
+    // A misspelt variable would otherwise be ignored without a word. Names the wrapper sets for
+    // its handlers (`RUNR_HEADER_*`, `RUNR_METHOD`, …) are only in the handlers' environment.
+    runr_base::env::warn_unknown(
+        &["RUNR_"],
+        &[crate::config::TABLES, &[runr_tick::config::VARS][..]].concat(),
+    );
     // http mode without tracing/replay: become the program (returns only when that failed).
     // Before any runtime or signal handler exists: execve keeps the signal mask and ignored
     // signals.
@@ -57,17 +63,10 @@ pub fn serve() -> ExitCode {
     }
     // One thread: the wrapper's work per request is small, and a single thread keeps its
     // memory small and its spawning/reaping free of cross-thread races.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    ExitCode::from(runtime.block_on(run(&config)))
+    match runr_base::runtime::block_on(run(&config)) {
+        Some(code) => ExitCode::from(code),
+        None => ExitCode::FAILURE,
+    }
 }
 
 /// The wrapper's own lines in `format`, from `level` on.
@@ -158,12 +157,6 @@ fn version_text() -> String {
         "runr-wrapper {}\n\nUsage: runr-wrapper [serve | install <dest> | tick | version]\n\n{}\n\
          tick reads PORT, RUNR_TICK_URL and RUNR_TICK_WAIT (see runr-tick help).\n",
         env!("CARGO_PKG_VERSION"),
-        runr_base::env::help(&[
-            crate::config::VARS,
-            crate::config::handler::VARS,
-            crate::config::telemetry::VARS,
-            crate::config::observe::VARS,
-            crate::config::lambda::VARS,
-        ]),
+        runr_base::env::help(crate::config::TABLES),
     )
 }

@@ -70,6 +70,16 @@ const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
 /// The variables of `serve`, for `version`/`help` (the handler, telemetry and observation ones
 /// follow in [`handler::VARS`], [`telemetry::VARS`] and [`observe::VARS`]).
+/// Every variable `serve` documents, for `version` (the wrapper's own) and for the warning about
+/// unknown `RUNR_*` names (with the schedule tick's `RUNR_TICK_*` too, which it also reads).
+pub const TABLES: &[&[VarDoc]] = &[
+    VARS,
+    handler::VARS,
+    telemetry::VARS,
+    observe::VARS,
+    lambda::VARS,
+];
+
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_PORT, "8080", "port to listen on"),
     VarDoc::required(ENV_MODE, "exec | persistent | http | lambda"),

@@ -220,6 +220,37 @@ fn schedule_one_shot_in_exec_mode() {
 }
 
 #[test]
+fn unknown_runr_variables_are_named_in_one_warning_each_and_ignored() {
+    let vars = vec![
+        ("PORT", free_port().to_string()),
+        ("RUNR_WRAPPER_MODE", "exec".to_string()),
+        ("RUNR_COMMAND", r#"["cat"]"#.to_string()),
+        ("RUNR_TRIGGER", "schedule".to_string()),
+        // A typo of RUNR_TIMEOUT: without the warning it would be the default, silently.
+        ("RUNR_TIMOUT", "1".to_string()),
+        ("RUNR_NOT_OURS_AT_ALL", "x".to_string()),
+        // The tick's own variable, which the wrapper reads too: not unknown.
+        ("RUNR_TICK_WAIT", "10s".to_string()),
+    ];
+    let r = run(&[], &vars, Duration::from_secs(30));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let warnings: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("unknown variable"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "[runr-wrapper] WARN unknown variable, ignored variable=RUNR_NOT_OURS_AT_ALL",
+            "[runr-wrapper] WARN unknown variable, ignored variable=RUNR_TIMOUT did_you_mean=RUNR_TIMEOUT",
+        ],
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
 fn schedule_one_shot_failure_exits_1() {
     let vars = vec![
         ("RUNR_WRAPPER_MODE", "exec".to_string()),
