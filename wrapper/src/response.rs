@@ -181,40 +181,8 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
         }
     };
     let mut headers = Vec::new();
-    if let Some(Value::Object(hs)) = map.get("headers") {
-        for (name, value) in hs {
-            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
-                tracing::warn!(header = %name, "handler returned an invalid header name; dropped");
-                continue;
-            };
-            // hyper frames the body itself; a handler's framing headers would contradict it. And
-            // X-RunR-Error is the wrapper's word: a consumer must be able to trust it.
-            if name == http::header::CONTENT_LENGTH
-                || name == http::header::TRANSFER_ENCODING
-                || name == http::header::CONNECTION
-                || name == ERROR_HEADER
-            {
-                continue;
-            }
-            let values = match value {
-                Value::Array(items) => items.iter().collect(),
-                other => vec![other],
-            };
-            for v in values {
-                let text = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => continue,
-                };
-                match HeaderValue::from_str(&text) {
-                    Ok(v) => headers.push((name.clone(), v)),
-                    Err(_) => {
-                        tracing::warn!(header = %name, "handler returned an invalid header value; dropped")
-                    }
-                }
-            }
-        }
+    if let Some(hs) = map.get("headers") {
+        headers_from_json(hs, &mut headers);
     }
     let is_base64 = map.get("isBase64Encoded").and_then(Value::as_bool) == Some(true);
     let (body, default_type) = match map.remove("body") {
@@ -257,6 +225,48 @@ fn status_code(v: &Value) -> Option<StatusCode> {
         .ok()
         .filter(|n| (100..=999).contains(n))
         .and_then(|n| StatusCode::from_u16(n).ok())
+}
+
+/// A handler's or Lambda function's `headers`: an object whose values are text (numbers and
+/// booleans written as text, arrays as repeated headers), appended to `out` in order. What HTTP
+/// cannot carry is dropped with a warning. Framing headers are hyper's (a handler's would
+/// contradict the body it frames), and `X-RunR-Error` is the wrapper's word: a consumer must be
+/// able to trust it, whatever mode produced the answer.
+pub fn headers_from_json(headers: &Value, out: &mut Vec<(HeaderName, HeaderValue)>) {
+    let Value::Object(headers) = headers else {
+        return;
+    };
+    for (name, value) in headers {
+        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+            tracing::warn!(header = %name, "handler returned an invalid header name; dropped");
+            continue;
+        };
+        if name == http::header::CONTENT_LENGTH
+            || name == http::header::TRANSFER_ENCODING
+            || name == http::header::CONNECTION
+            || name == ERROR_HEADER
+        {
+            continue;
+        }
+        let values = match value {
+            Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for v in values {
+            let text = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => continue,
+            };
+            match HeaderValue::from_str(&text) {
+                Ok(v) => out.push((name.clone(), v)),
+                Err(_) => {
+                    tracing::warn!(header = %name, "handler returned an invalid header value; dropped")
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, SET_COOKIE};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::response::{Reply, JSON, OCTETS, TEXT};
+use crate::response::{headers_from_json, Reply, JSON, OCTETS, TEXT};
 
 /// The content type of a streamed response that starts with the HTTP-integration prelude.
 pub const HTTP_INTEGRATION: &str = "application/vnd.awslambda.http-integration-response";
@@ -152,7 +152,7 @@ fn from_v2_object(mut map: Map<String, Value>) -> Reply {
     };
     let mut headers = Vec::new();
     if let Some(h) = map.get("headers") {
-        add_headers(h, &mut headers);
+        headers_from_json(h, &mut headers);
     }
     if let Some(c) = map.get("cookies") {
         add_cookies(c, &mut headers);
@@ -197,45 +197,6 @@ fn status_code(v: &Value) -> Option<StatusCode> {
         .ok()
         .filter(|n| (100..=999).contains(n))
         .and_then(|n| StatusCode::from_u16(n).ok())
-}
-
-/// `headers` of a result or prelude: an object whose values are text (numbers and booleans
-/// written as text, arrays as repeated headers). What HTTP cannot carry is dropped with a
-/// warning; framing headers are hyper's.
-fn add_headers(headers: &Value, out: &mut Vec<(HeaderName, HeaderValue)>) {
-    let Value::Object(headers) = headers else {
-        return;
-    };
-    for (name, value) in headers {
-        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
-            tracing::warn!(header = %name, "the function returned an invalid header name; dropped");
-            continue;
-        };
-        if name == http::header::CONTENT_LENGTH
-            || name == http::header::TRANSFER_ENCODING
-            || name == http::header::CONNECTION
-        {
-            continue;
-        }
-        let values = match value {
-            Value::Array(items) => items.iter().collect(),
-            other => vec![other],
-        };
-        for v in values {
-            let text = match v {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                Value::Bool(b) => b.to_string(),
-                _ => continue,
-            };
-            match HeaderValue::from_str(&text) {
-                Ok(v) => out.push((name.clone(), v)),
-                Err(_) => {
-                    tracing::warn!(header = %name, "the function returned an invalid header value; dropped")
-                }
-            }
-        }
-    }
 }
 
 /// `cookies`: each string one `Set-Cookie`.
@@ -349,7 +310,7 @@ pub fn split_prelude(start: &[u8]) -> Prelude {
     };
     let mut headers = Vec::new();
     if let Some(h) = map.get("headers") {
-        add_headers(h, &mut headers);
+        headers_from_json(h, &mut headers);
     }
     if let Some(c) = map.get("cookies") {
         add_cookies(c, &mut headers);
@@ -417,6 +378,9 @@ mod tests {
         assert!(header(&r, "x-null").is_empty());
         assert!(header(&r, "content-length").is_empty());
         assert_eq!(header(&r, "set-cookie"), ["a=1; Path=/", "b=2"]);
+        // X-RunR-Error is the wrapper's word, as for every other mode.
+        let forged = http(r#"{"statusCode": 500, "headers": {"X-RunR-Error": "timeout"}}"#);
+        assert!(header(&forged, "x-runr-error").is_empty());
         assert_eq!(r.body, "<b>x</b>");
 
         let r = http(r#"{"statusCode": 200, "body": "/wD+", "isBase64Encoded": true}"#);
