@@ -8,8 +8,11 @@
 #   requests sent, wrong answers (status or bytes; must be 0),
 #   zombies among the wrapper's descendants after the load (0),
 #   leftover processes after the load (0 besides the persistent workers),
-#   the wrapper's peak RSS, open fds and threads in the first, middle and last tenth of the run
-#   and idle afterwards (flat within 10 %: the last tenth against the first).
+#   the wrapper's RSS, open fds and threads while idle after the first tenth of the run, after
+#   its middle and at its end (the load pauses for each reading until every handler is gone):
+#   flat, the end against the first reading within 10 % (RSS: or 512 KiB, whichever is more;
+#   fds: exactly). The peak RSS and fds of the first, middle and last tenth are printed too, but
+#   they measure the load (how many big outputs happened to be in flight at once), not a leak.
 #
 #   bash bench/soak.sh                 # DURATION=60 per mode (the lead's run: DURATION=600)
 #   DURATION=600 CONCURRENCY=64 WORKERS=16 TIMEOUT=3 bash bench/soak.sh
@@ -77,6 +80,15 @@ wait_port() {
 }
 
 declare -A ROW
+# Waits until the wrapper's descendants are down to $2 (orphans sleep 2 s, a timed-out request's
+# group is killed at once).
+settle() {
+  for _ in $(seq 40); do
+    [ "$(descendants "$1" | wc -l)" -le "$2" ] && return 0
+    sleep 0.25
+  done
+}
+
 soak() { # mode command
   local mode=$1 command=$2 port pid client samples
   port=$(free_port)
@@ -84,37 +96,45 @@ soak() { # mode command
     RUNR_WORKERS="$WORKERS" RUNR_TIMEOUT="$TIMEOUT" "$BIN" 2>>"$OUT/wrapper-$mode.log" &
   pid=$!
   wait_port "$port"
-  samples="$OUT/samples-$mode"
-  : >"$samples"
-  "$CLIENT" "127.0.0.1:$port" "$mode" "$DURATION" "$CONCURRENCY" "$TIMEOUT" >"$OUT/result-$mode" 2>"$OUT/wrong-$mode" &
-  client=$!
-  local t=0
-  while kill -0 "$client" 2>/dev/null; do
-    echo "$t $(sample "$pid")" >>"$samples"
-    sleep 1
-    t=$((t + 1))
-  done
-  wait "$client"
-  # Orphans sleep 2 s, a timed-out request's group is killed at once: settle, then count.
   local expected=0
   [ "$mode" = persistent ] && expected=$WORKERS
-  for _ in $(seq 40); do
-    [ "$(descendants "$pid" | wc -l)" -le "$expected" ] && break
-    sleep 0.25
+  samples="$OUT/samples-$mode"
+  : >"$samples"
+  : >"$OUT/result-$mode"
+  : >"$OUT/wrong-$mode"
+  # Three stretches of load: the first tenth, up to the middle, the rest; idle readings after each.
+  local first=$(( DURATION / 10 > 5 ? DURATION / 10 : 5 ))
+  local second=$(( DURATION / 2 - first > 5 ? DURATION / 2 - first : 5 ))
+  local third=$(( DURATION - first - second > 5 ? DURATION - first - second : 5 ))
+  local t=0 idle=() part
+  for part in "$first" "$second" "$third"; do
+    "$CLIENT" "127.0.0.1:$port" "$mode" "$part" "$CONCURRENCY" "$TIMEOUT" >>"$OUT/result-$mode" 2>>"$OUT/wrong-$mode" &
+    client=$!
+    while kill -0 "$client" 2>/dev/null; do
+      echo "$t $(sample "$pid")" >>"$samples"
+      sleep 1
+      t=$((t + 1))
+    done
+    wait "$client"
+    settle "$pid" "$expected"
+    idle+=("$(sample "$pid")")
   done
-  local after zombies leftover
-  after=$(sample "$pid")
+  local zombies leftover
   zombies=$(descendants "$pid" | awk '$2 == "Z"' | wc -l)
   leftover=$(( $(descendants "$pid" | wc -l) - expected ))
   kill "$pid"
   wait "$pid" || true
   # first, middle and last tenth of the run: max RSS, fds and threads in each
   local windows
-  windows=$(awk -v d="$DURATION" '
+  windows=$(awk -v d="$t" '
     function win(t) { if (t >= 0.1 * d && t < 0.2 * d) return 1; if (t >= 0.45 * d && t < 0.55 * d) return 2; if (t >= 0.9 * d) return 3; return 0 }
     { w = win($1); if (w) { if ($2 > r[w]) r[w] = $2; if ($3 > f[w]) f[w] = $3; if ($4 > th[w]) th[w] = $4 } }
     END { printf "%d %d %d %d %d %d %d %d %d", r[1], r[2], r[3], f[1], f[2], f[3], th[1], th[2], th[3] }' "$samples")
-  ROW[$mode]="$(cat "$OUT/result-$mode") zombies=$zombies leftover=$leftover windows=$windows after=$after"
+  # The three RESULT lines summed, key by key, in the order they first appear.
+  local result
+  result=$(awk '{ for (i = 2; i <= NF; i++) { split($i, kv, "="); if (!(kv[1] in sum)) order[++n] = kv[1]; sum[kv[1]] += kv[2] } }
+    END { printf "RESULT"; for (i = 1; i <= n; i++) printf " %s=%d", order[i], sum[order[i]]; print "" }' "$OUT/result-$mode")
+  ROW[$mode]="$result zombies=$zombies leftover=$leftover windows=$windows idle=${idle[0]} ${idle[1]} ${idle[2]}"
 }
 
 echo "exec mode, ${DURATION}s ..." >&2
@@ -128,25 +148,31 @@ echo "${DURATION}s per mode, $CONCURRENCY clients, RUNR_TIMEOUT=${TIMEOUT}s, per
 fail=0
 for mode in exec persistent; do
   row=${ROW[$mode]}
-  read -r r1 r2 r3 f1 f2 f3 t1 t2 t3 <<<"$(sed 's/.*windows=//; s/ after=.*//' <<<"$row")"
-  read -r ar af at <<<"$(sed 's/.*after=//' <<<"$row")"
+  read -r r1 r2 r3 f1 f2 f3 t1 t2 t3 <<<"$(sed 's/.*windows=//; s/ idle=.*//' <<<"$row")"
+  read -r i1r i1f i1t i2r i2f i2t i3r i3f i3t <<<"$(sed 's/.*idle=//' <<<"$row")"
   requests=$(grep -o 'requests=[0-9]*' <<<"$row" | cut -d= -f2)
   wrong=$(grep -o 'wrong=[0-9]*' <<<"$row" | cut -d= -f2)
   zombies=$(grep -o 'zombies=[0-9]*' <<<"$row" | cut -d= -f2)
   leftover=$(grep -o 'leftover=-*[0-9]*' <<<"$row" | cut -d= -f2)
   kinds=$(sed 's/^RESULT requests=[0-9]* wrong=[0-9]* //; s/ zombies=.*//' <<<"$row")
-  growth=$(awk -v a="$r1" -v b="$r3" 'BEGIN { if (a > 0) printf "%+.1f", (b - a) * 100 / a; else print "n/a" }')
+  growth=$(awk -v a="$i1r" -v b="$i3r" 'BEGIN { if (a > 0) printf "%+.1f", (b - a) * 100 / a; else print "n/a" }')
   printf '\n%s: %s requests, %s wrong, %s zombies, %s leftover processes\n' "$mode" "$requests" "$wrong" "$zombies" "$leftover"
   printf '  mix: %s\n' "$kinds"
-  printf '  %-18s %10s %10s %10s %10s\n' "" first middle last "idle after"
-  printf '  %-18s %10s %10s %10s %10s\n' "peak RSS KiB" "$r1" "$r2" "$r3" "$ar"
-  printf '  %-18s %10s %10s %10s %10s\n' "peak open fds" "$f1" "$f2" "$f3" "$af"
-  printf '  %-18s %10s %10s %10s %10s\n' "threads" "$t1" "$t2" "$t3" "$at"
-  printf '  RSS last tenth vs first: %s %%\n' "$growth"
+  printf '  %-24s %10s %10s %10s\n' "" first middle end
+  printf '  %-24s %10s %10s %10s\n' "idle RSS KiB" "$i1r" "$i2r" "$i3r"
+  printf '  %-24s %10s %10s %10s\n' "idle open fds" "$i1f" "$i2f" "$i3f"
+  printf '  %-24s %10s %10s %10s\n' "idle threads" "$i1t" "$i2t" "$i3t"
+  printf '  %-24s %10s %10s %10s\n' "peak RSS KiB (the load)" "$r1" "$r2" "$r3"
+  printf '  %-24s %10s %10s %10s\n' "peak open fds" "$f1" "$f2" "$f3"
+  printf '  %-24s %10s %10s %10s\n' "peak threads" "$t1" "$t2" "$t3"
+  printf '  idle RSS at the end vs after the first tenth: %s %%\n' "$growth"
   if [ "$wrong" != 0 ] || [ "$zombies" != 0 ] || [ "$leftover" -gt 0 ]; then
     fail=1
     head -5 "$OUT/wrong-$mode" >&2
   fi
-  awk -v a="$r1" -v b="$r3" 'BEGIN { exit !(a > 0 && b > a * 1.1) }' && { echo "  RSS grew by more than 10 %" >&2; fail=1; }
+  awk -v a="$i1r" -v b="$i3r" 'BEGIN { m = a * 0.1; if (m < 512) m = 512; exit !(a > 0 && b > a + m) }' \
+    && { echo "  $mode: idle RSS grew by more than 10 % (and 512 KiB)" >&2; fail=1; }
+  [ "$i3f" -gt "$i1f" ] && { echo "  $mode: idle open fds grew" >&2; fail=1; }
+  [ "$i3t" -gt "$i1t" ] && { echo "  $mode: idle threads grew" >&2; fail=1; }
 done
 exit $fail
