@@ -68,10 +68,8 @@ const DEFAULT_TRIGGER: Trigger = Trigger::Http;
 pub const ENV_LOG: &str = "RUNR_LOG";
 const DEFAULT_LOG: tracing::Level = tracing::Level::INFO;
 
-/// The variables of `serve`, for `version`/`help` (the handler, telemetry and observation ones
-/// follow in [`handler::VARS`], [`telemetry::VARS`] and [`observe::VARS`]).
-/// Every variable `serve` documents, for `version` (the wrapper's own) and for the warning about
-/// unknown `RUNR_*` names (with the schedule tick's `RUNR_TICK_*` too, which it also reads).
+/// Every variable `serve` documents: what `version` prints, and (with the tick's table, whose
+/// `RUNR_TICK_WAIT` it reads too) what the warning about unknown `RUNR_*` names knows.
 pub const TABLES: &[&[VarDoc]] = &[
     VARS,
     handler::VARS,
@@ -80,6 +78,8 @@ pub const TABLES: &[&[VarDoc]] = &[
     lambda::VARS,
 ];
 
+/// The variables of `serve` itself (the handler, telemetry, observation and lambda ones are in
+/// [`handler::VARS`], [`telemetry::VARS`], [`observe::VARS`] and [`lambda::VARS`]).
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(ENV_PORT, "8080", "port to listen on"),
     VarDoc::required(ENV_MODE, "exec | persistent | http | lambda"),
