@@ -184,23 +184,12 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
     if let Some(hs) = map.get("headers") {
         headers_from_json(hs, &mut headers);
     }
-    let is_base64 = map.get("isBase64Encoded").and_then(Value::as_bool) == Some(true);
-    let (body, default_type) = match map.remove("body") {
-        None | Some(Value::Null) => (Bytes::new(), None),
-        Some(Value::String(s)) if is_base64 => {
-            match base64::engine::general_purpose::STANDARD.decode(s.trim()) {
-                Ok(bytes) => (Bytes::from(bytes), Some(OCTETS)),
-                Err(_) => {
-                    return Reply::failure(
-                        ErrorClass::Crash,
-                        StatusCode::BAD_GATEWAY,
-                        "handler returned isBase64Encoded with a body that is not base64",
-                    )
-                }
-            }
-        }
-        Some(Value::String(s)) => (Bytes::from(s), Some(TEXT)),
-        Some(other) => (Bytes::from(other.to_string()), Some(JSON)),
+    let Ok((body, default_type)) = body_from_json(&mut map) else {
+        return Reply::failure(
+            ErrorClass::Crash,
+            StatusCode::BAD_GATEWAY,
+            "handler returned isBase64Encoded with a body that is not base64",
+        );
     };
     if let Some(t) = default_type {
         if !headers.iter().any(|(n, _)| n == CONTENT_TYPE) {
@@ -214,8 +203,28 @@ fn from_envelope(mut map: serde_json::Map<String, Value>) -> Reply {
     }
 }
 
-/// A whole number in 100–999 (`201`, `201.0`); anything else is not a status.
-fn status_code(v: &Value) -> Option<StatusCode> {
+/// A response's `body` (taken out of `map`) and `isBase64Encoded`: its bytes, and the
+/// content type they imply when the response names none (text for a string, octets for base64,
+/// JSON for any other value, none for no body). `Err` when base64 is claimed for a body that is
+/// not base64. Shared by response envelopes and Lambda results, which AWS shaped alike.
+pub fn body_from_json(
+    map: &mut serde_json::Map<String, Value>,
+) -> Result<(Bytes, Option<&'static str>), base64::DecodeError> {
+    let is_base64 = map.get("isBase64Encoded").and_then(Value::as_bool) == Some(true);
+    Ok(match map.remove("body") {
+        None | Some(Value::Null) => (Bytes::new(), None),
+        Some(Value::String(s)) if is_base64 => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(s.trim())?;
+            (Bytes::from(bytes), Some(OCTETS))
+        }
+        Some(Value::String(s)) => (Bytes::from(s), Some(TEXT)),
+        Some(other) => (Bytes::from(other.to_string()), Some(JSON)),
+    })
+}
+
+/// A response's `statusCode`: a whole number in 100–999 (`201`, `201.0`); anything else is not
+/// a status.
+pub fn status_code(v: &Value) -> Option<StatusCode> {
     let n = v.as_u64().or_else(|| {
         v.as_f64()
             .filter(|f| f.fract() == 0.0 && *f >= 0.0)

@@ -18,7 +18,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, SET_COOKIE};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::response::{headers_from_json, Reply, JSON, OCTETS, TEXT};
+use crate::response::{body_from_json, headers_from_json, status_code, Reply, JSON, OCTETS, TEXT};
 
 /// The content type of a streamed response that starts with the HTTP-integration prelude.
 pub const HTTP_INTEGRATION: &str = "application/vnd.awslambda.http-integration-response";
@@ -157,22 +157,11 @@ fn from_v2_object(mut map: Map<String, Value>) -> Reply {
     if let Some(c) = map.get("cookies") {
         add_cookies(c, &mut headers);
     }
-    let is_base64 = map.get("isBase64Encoded").and_then(Value::as_bool) == Some(true);
-    let (body, default_type) = match map.remove("body") {
-        None | Some(Value::Null) => (Bytes::new(), None),
-        Some(Value::String(s)) if is_base64 => {
-            match base64::engine::general_purpose::STANDARD.decode(s.trim()) {
-                Ok(bytes) => (Bytes::from(bytes), Some(OCTETS)),
-                Err(_) => {
-                    return Reply::error(
-                        StatusCode::BAD_GATEWAY,
-                        "the function returned isBase64Encoded with a body that is not base64",
-                    )
-                }
-            }
-        }
-        Some(Value::String(s)) => (Bytes::from(s), Some(TEXT)),
-        Some(other) => (Bytes::from(other.to_string()), Some(JSON)),
+    let Ok((body, default_type)) = body_from_json(&mut map) else {
+        return Reply::error(
+            StatusCode::BAD_GATEWAY,
+            "the function returned isBase64Encoded with a body that is not base64",
+        );
     };
     if let Some(t) = default_type.filter(|_| !body.is_empty()) {
         if !headers.iter().any(|(n, _)| n == CONTENT_TYPE) {
@@ -184,19 +173,6 @@ fn from_v2_object(mut map: Map<String, Value>) -> Reply {
         headers,
         body,
     }
-}
-
-/// A whole number in 100–999 (`201`, `201.0`).
-fn status_code(v: &Value) -> Option<StatusCode> {
-    let n = v.as_u64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.fract() == 0.0 && (0.0..=999.0).contains(f))
-            .map(|f| f as u64)
-    })?;
-    u16::try_from(n)
-        .ok()
-        .filter(|n| (100..=999).contains(n))
-        .and_then(|n| StatusCode::from_u16(n).ok())
 }
 
 /// `cookies`: each string one `Set-Cookie`.
