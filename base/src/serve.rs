@@ -101,8 +101,17 @@ mod tests {
         out
     }
 
-    #[tokio::test]
-    async fn drains_in_flight_requests_then_stops() {
+    /// A server whose one route answers after `work`, draining for at most `drain_limit`; a
+    /// client already sent a request when this returns. Send on the sender to stop it.
+    async fn serving_one_request(
+        work: Duration,
+        drain_limit: Duration,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Drained>,
+        tokio::task::JoinHandle<String>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -113,14 +122,14 @@ mod tests {
             async move {
                 let _ = stop_rx.await;
             },
-            Duration::from_secs(10),
+            drain_limit,
             move |_stream, _peer| {
                 let started = started_tx.clone();
                 service_fn(move |_req: Request<Incoming>| {
                     let started = started.clone();
                     async move {
                         let _ = started.send(()).await;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tokio::time::sleep(work).await;
                         Ok::<_, std::convert::Infallible>(Response::new(Empty::<Bytes>::new()))
                     }
                 })
@@ -128,7 +137,14 @@ mod tests {
         ));
         let client = tokio::spawn(get(addr));
         started_rx.recv().await.unwrap();
-        stop_tx.send(()).unwrap();
+        (addr, stop_tx, server, client)
+    }
+
+    #[tokio::test]
+    async fn drains_in_flight_requests_then_stops() {
+        let (addr, stop, server, client) =
+            serving_one_request(Duration::from_millis(200), Duration::from_secs(10)).await;
+        stop.send(()).unwrap();
         assert_eq!(server.await.unwrap(), Drained::Done);
         let answer = client.await.unwrap();
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
@@ -140,32 +156,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_longer_than_the_limit_is_cut() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(4);
-        let server = tokio::spawn(serve_connections(
-            listener,
-            http1::Builder::new(),
-            async move {
-                let _ = stop_rx.await;
-            },
-            Duration::from_millis(100),
-            move |_stream, _peer| {
-                let started = started_tx.clone();
-                service_fn(move |_req: Request<Incoming>| {
-                    let started = started.clone();
-                    async move {
-                        let _ = started.send(()).await;
-                        tokio::time::sleep(Duration::from_secs(600)).await;
-                        Ok::<_, std::convert::Infallible>(Response::new(Empty::<Bytes>::new()))
-                    }
-                })
-            },
-        ));
-        let _client = tokio::spawn(get(addr));
-        started_rx.recv().await.unwrap();
-        stop_tx.send(()).unwrap();
+        let (_addr, stop, server, _client) =
+            serving_one_request(Duration::from_secs(600), Duration::from_millis(100)).await;
+        stop.send(()).unwrap();
         assert_eq!(server.await.unwrap(), Drained::TimedOut);
     }
 }
