@@ -95,22 +95,7 @@ const TRIGGERS: [Trigger; 3] = [Trigger::Http, Trigger::Queue, Trigger::Schedule
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 
-static METRICS: Metrics = Metrics {
-    trigger: AtomicU8::new(0),
-    persistent: AtomicBool::new(false),
-    invocations: [ZERO; 10],
-    errors: [ZERO; 6],
-    timeouts: ZERO,
-    coldstarts: ZERO,
-    buckets: [ZERO; 13],
-    count: ZERO,
-    sum_nanos: ZERO,
-    inflight: AtomicI64::new(0),
-    queued: AtomicI64::new(0),
-    worker_restarts: ZERO,
-    workers_alive: AtomicI64::new(0),
-    rejected: [ZERO; 3],
-};
+static METRICS: Metrics = Metrics::new();
 
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
@@ -141,6 +126,26 @@ impl Drop for Held {
 }
 
 impl Metrics {
+    /// Every count at zero (the process's one [`METRICS`]; a fresh one per unit test).
+    const fn new() -> Metrics {
+        Metrics {
+            trigger: AtomicU8::new(0),
+            persistent: AtomicBool::new(false),
+            invocations: [ZERO; 10],
+            errors: [ZERO; 6],
+            timeouts: ZERO,
+            coldstarts: ZERO,
+            buckets: [ZERO; 13],
+            count: ZERO,
+            sum_nanos: ZERO,
+            inflight: AtomicI64::new(0),
+            queued: AtomicI64::new(0),
+            worker_restarts: ZERO,
+            workers_alive: AtomicI64::new(0),
+            rejected: [ZERO; 3],
+        }
+    }
+
     /// Labels every series with `trigger`; `persistent` exposes the worker metrics.
     pub fn configure(&self, trigger: Trigger, persistent: bool) {
         let i = TRIGGERS.iter().position(|t| *t == trigger).unwrap_or(0);
@@ -347,22 +352,7 @@ mod tests {
     use super::*;
 
     fn fresh() -> Metrics {
-        Metrics {
-            trigger: AtomicU8::new(0),
-            persistent: AtomicBool::new(false),
-            invocations: [ZERO; 10],
-            errors: [ZERO; 6],
-            timeouts: ZERO,
-            coldstarts: ZERO,
-            buckets: [ZERO; 13],
-            count: ZERO,
-            sum_nanos: ZERO,
-            inflight: AtomicI64::new(0),
-            queued: AtomicI64::new(0),
-            worker_restarts: ZERO,
-            workers_alive: AtomicI64::new(0),
-            rejected: [ZERO; 3],
-        }
+        Metrics::new()
     }
 
     fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
