@@ -81,21 +81,6 @@ pub fn init_styled(format: LogFormat, style: Style, level: Level) {
         .try_init();
 }
 
-impl<S, N> FormatEvent<S, N> for LogFormat
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        writer.write_str(&self.line(event))
-    }
-}
-
 /// The event formatter [`init_styled`] installs: `format` in `style`.
 #[derive(Debug, Clone, Copy)]
 pub struct Lines {
@@ -334,18 +319,29 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    /// Collects what the format writes, through a real subscriber.
-    fn capture(format: LogFormat, emit: impl FnOnce()) -> String {
+    /// Collects what `lines` writes, through a real subscriber, as [`init_styled`] sets it up.
+    fn capture_lines(lines: Lines, emit: impl FnOnce()) -> String {
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
         let sink = out.clone();
         let layer = tracing_subscriber::fmt::layer()
             .with_writer(move || Sink(sink.clone()))
             .with_ansi(false)
-            .event_format(format);
+            .event_format(lines);
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, emit);
         let bytes = out.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
+    }
+
+    /// The text lines of `format`.
+    fn capture(format: LogFormat, emit: impl FnOnce()) -> String {
+        capture_lines(
+            Lines {
+                format,
+                style: Style::Text,
+            },
+            emit,
+        )
     }
 
     struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -412,18 +408,13 @@ mod tests {
 
     #[cfg(feature = "json")]
     fn capture_json(emit: impl FnOnce()) -> Vec<(serde_json::Value, String)> {
-        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = out.clone();
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(move || Sink(sink.clone()))
-            .with_ansi(false)
-            .event_format(Lines {
+        let text = capture_lines(
+            Lines {
                 format: WRAPPER,
                 style: Style::Json,
-            });
-        let subscriber = tracing_subscriber::registry().with(layer);
-        tracing::subscriber::with_default(subscriber, emit);
-        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+            },
+            emit,
+        );
         assert!(text.ends_with('\n'), "{text}");
         text.lines()
             .map(|l| {
