@@ -250,16 +250,33 @@ fn exec_answers_are_whole_under_concurrency() {
     // Debug lines per invocation would only slow the run down.
     vars.push(("RUNR_LOG".into(), "info".into()));
     let w = Wrapper::start(&vars);
-    let runs: Vec<Run> = CONCURRENCY
+    report(&at_every_concurrency(
+        &w,
+        "exec",
+        EXEC_REQUESTS,
+        0x5EED_0000,
+        exec_one,
+    ));
+}
+
+/// `requests` requests of `one`, spread over the clients, at each level of [`CONCURRENCY`]
+/// (seeded from `seed`).
+fn at_every_concurrency(
+    w: &Wrapper,
+    mode: &'static str,
+    requests: usize,
+    seed: u64,
+    one: fn(&mut Conn, &mut Rng, usize, usize) -> Option<String>,
+) -> Vec<Run> {
+    CONCURRENCY
         .into_iter()
         .enumerate()
         .map(|(n, clients)| {
-            let seed = 0x5EED_0000 + n as u64;
-            let failures = drive(w.addr(), clients, EXEC_REQUESTS, seed, exec_one);
-            ("exec", clients, EXEC_REQUESTS, seed, failures)
+            let seed = seed + n as u64;
+            let failures = drive(w.addr(), clients, requests, seed, one);
+            (mode, clients, requests, seed, failures)
         })
-        .collect();
-    report(&runs);
+        .collect()
 }
 
 fn persistent_one(conn: &mut Conn, rng: &mut Rng, t: usize, i: usize) -> Option<String> {
@@ -284,14 +301,11 @@ fn persistent_answers_are_whole_and_tied_to_their_requests() {
     vars.push(("RUNR_WORKERS".into(), WORKERS.to_string()));
     vars.push(("RUNR_LOG".into(), "info".into()));
     let w = Wrapper::start(&vars);
-    let runs: Vec<Run> = CONCURRENCY
-        .into_iter()
-        .enumerate()
-        .map(|(n, clients)| {
-            let seed = 0x9E25_0000 + n as u64;
-            let failures = drive(w.addr(), clients, PERSISTENT_REQUESTS, seed, persistent_one);
-            ("persistent", clients, PERSISTENT_REQUESTS, seed, failures)
-        })
-        .collect();
-    report(&runs);
+    report(&at_every_concurrency(
+        &w,
+        "persistent",
+        PERSISTENT_REQUESTS,
+        0x9E25_0000,
+        persistent_one,
+    ));
 }
