@@ -6,7 +6,9 @@
 #   - parallel curl GETs of every blob, timed when the bodies are in and when Range probes show
 #     the cache stored them all (what any client waiting for the stores is bound by), and
 #   - reading the upstream's blob files from disk (floor),
-# then prewarm again on the warm cache. Reports medians of ROUNDS runs, ratios and peak RSS.
+# then prewarm again on the warm cache, and a cold run stopped with SIGTERM once the cache stores
+# its first blob (the time from the signal to the exit, target < 2 s). Reports medians of ROUNDS
+# runs, ratios and peak RSS.
 #
 # Usage: bench/prewarm.sh [ROUNDS]   (default 3; needs docker-registry, skopeo, curl, python3;
 #        about 20 s per round plus a minute to build and push the images)
@@ -158,6 +160,17 @@ curl_parallel() { # every blob at once, bodies discarded, nothing verified or co
   done
   echo "$(cat "$WORK/curl-bodies") $(elapsed "$start")"
 }
+sigterm_exit() { # a cold run stopped mid-transfer: seconds from SIGTERM to the exit
+  local start pid
+  env -i RUNR_PREWARM_REGISTRY="127.0.0.1:$CACHE_PORT" RUNR_PREWARM_IMAGES="big:1 multi:1" \
+    RUNR_REGISTRY_PLAIN_HTTP=1 RUNR_PREWARM_LOG=warn "$PREWARM_BIN" >/dev/null 2>"$WORK/sigterm.log" &
+  pid=$!
+  until [ -n "$(find "$WORK/cache/storage" -name data -print -quit 2>/dev/null)" ]; do sleep 0.01; done
+  start=$(date +%s.%N)
+  kill -TERM "$pid"
+  wait "$pid" || true
+  elapsed "$start"
+}
 floor() {
   local start
   start=$(date +%s.%N)
@@ -176,8 +189,10 @@ for round in $(seq 1 "$ROUNDS"); do
   reset_cache
   read -r cu cs < <(curl_parallel)
   fl=$(floor)
-  echo "$cold $cold_rss $warm $warm_rss $sk $fl $cu $cs" >>"$WORK/results"
-  echo "round $round: prewarm cold ${cold}s (rss ${cold_rss} KiB), warm ${warm}s, skopeo serial ${sk}s, parallel curl ${cu}s (all stored ${cs}s), disk floor ${fl}s" >&2
+  reset_cache
+  sig=$(sigterm_exit)
+  echo "$cold $cold_rss $warm $warm_rss $sk $fl $cu $cs $sig" >>"$WORK/results"
+  echo "round $round: prewarm cold ${cold}s (rss ${cold_rss} KiB), warm ${warm}s, skopeo serial ${sk}s, parallel curl ${cu}s (all stored ${cs}s), disk floor ${fl}s, SIGTERM to exit ${sig}s" >&2
 done
 
 python3 - "$WORK/results" "$TOTAL_BYTES" "$ROUNDS" <<'EOF'
@@ -185,7 +200,7 @@ import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
 total, rounds = int(sys.argv[2]), int(sys.argv[3])
 col = lambda i: statistics.median(r[i] for r in rows)
-cold, cold_rss, warm, warm_rss, sk, fl, cu, cs = (col(i) for i in range(8))
+cold, cold_rss, warm, warm_rss, sk, fl, cu, cs, sig = (col(i) for i in range(9))
 mib = total / (1 << 20)
 print(f"images: big:1 (4 random layers) + multi:1 (index, linux/amd64 + linux/arm64), {mib:.0f} MiB of blobs; medians of {rounds} rounds")
 print(f"{'':34} {'seconds':>8} {'MiB/s':>8} {'vs prewarm':>10}")
@@ -194,5 +209,6 @@ for name, t in [("prewarm, cold cache (confirmed)", cold), ("skopeo copy, serial
                 ("read upstream blob files (floor)", fl), ("prewarm, warm cache (re-run)", warm)]:
     print(f"{name:34} {t:8.2f} {mib / t if t else 0:8.0f} {t / cold:10.2f}x")
 print(f"speed-up over serial skopeo: {sk / cold:.2f}x (target >= 1.5x); warm re-run {warm:.2f}s (target < 0.5s)")
+print(f"SIGTERM mid-transfer to exit: {sig:.3f}s (target < 2s)")
 print(f"peak RSS: cold {max(r[1] for r in rows) / 1024:.1f} MiB, warm {max(r[3] for r in rows) / 1024:.1f} MiB (target < 32 MiB)")
 EOF

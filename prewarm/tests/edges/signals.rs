@@ -1,6 +1,9 @@
 //! SIGTERM (Kubernetes stopping the Job: its deadline, a deletion, a drain) and SIGINT (Ctrl-C)
 //! while blobs are stalled mid-transfer: the summary still comes out, every image accounted for,
-//! what was confirmed kept, the rest failed with the signal, exit 1, all within 2 s.
+//! what was confirmed kept, the rest failed with the signal, exit 1.
+//!
+//! The stalls last forever and the per-image timeout is far away, so an exit at all proves the
+//! signal ended the run; how fast it does (within 2 s) is measured by bench/prewarm.sh, not here.
 
 use std::time::{Duration, Instant};
 
@@ -10,8 +13,11 @@ use runr_testkit::{free_port, wait_for, Registry};
 use crate::fixtures::{base_env, Prewarm, SlowLink};
 use crate::{tools_present, upstream};
 
-/// What the requirement allows from the signal to the exit.
-const WITHIN: Duration = Duration::from_secs(2);
+/// A hang guard, far above the expected exit (milliseconds after the signal) and far below what
+/// waiting out the stall would take ([`IMAGE_TIMEOUT`]).
+const HANG_GUARD: Duration = Duration::from_secs(60);
+/// Per-image timeout: without the signal, prewarm would wait this long for the stalled layers.
+const IMAGE_TIMEOUT: &str = "30m";
 
 fn stop_mid_transfer(signal: Signal, name: &str) {
     if !tools_present() {
@@ -23,8 +29,13 @@ fn stop_mid_transfer(signal: Signal, name: &str) {
     // stall mid-blob, everything of small:1 (and big's config) goes through.
     let link = SlowLink::stalling(up.registry.addr(), 1 << 20);
     let cache = Registry::start_proxy(&link.url());
-    let mut env = base_env(&cache.host(), "small:1 big:1");
-    env.push(("RUNR_PREWARM_LOG".into(), "debug".into()));
+    let env = crate::edges::with(
+        &base_env(&cache.host(), "small:1 big:1"),
+        &[
+            ("RUNR_PREWARM_LOG", "debug"),
+            ("RUNR_PREWARM_TIMEOUT", IMAGE_TIMEOUT),
+        ],
+    );
     let mut prewarm = Prewarm::start(&env, &[]);
     prewarm.wait_for_log("image warmed image=small:1", Duration::from_secs(60));
     // big's config is confirmed: a result the signal must not lose.
@@ -38,14 +49,13 @@ fn stop_mid_transfer(signal: Signal, name: &str) {
 
     let sent = Instant::now();
     prewarm.signal(signal);
-    let done = prewarm.finish(Duration::from_secs(30));
-    let took = sent.elapsed();
+    let done = prewarm.finish(HANG_GUARD);
     eprintln!(
-        "exit {took:?} after {name}, {} connections stalled",
+        "exit {:?} after {name}, {} connections stalled",
+        sent.elapsed(),
         link.stalled()
     );
     assert_eq!(done.code, 1, "{done:?}");
-    assert!(took < WITHIN, "exit {took:?} after {name}: {done:?}");
 
     let summary = done.summary();
     let images = summary["images"].as_array().unwrap();
@@ -87,12 +97,12 @@ fn stop_mid_transfer(signal: Signal, name: &str) {
 }
 
 #[test]
-fn sigterm_mid_transfer_prints_the_summary_and_exits_1_within_2s() {
+fn sigterm_mid_transfer_prints_the_summary_and_exits_1() {
     stop_mid_transfer(Signal::SIGTERM, "SIGTERM");
 }
 
 #[test]
-fn sigint_mid_transfer_prints_the_summary_and_exits_1_within_2s() {
+fn sigint_mid_transfer_prints_the_summary_and_exits_1() {
     stop_mid_transfer(Signal::SIGINT, "SIGINT");
 }
 
@@ -102,17 +112,18 @@ fn sigterm_while_waiting_for_the_registry_fails_every_image() {
     let port = free_port();
     let env = crate::edges::with(
         &base_env(&format!("127.0.0.1:{port}"), "a:1 b:2"),
-        &[("RUNR_PREWARM_WAIT", "120s")],
+        &[
+            ("RUNR_PREWARM_WAIT", IMAGE_TIMEOUT),
+            ("RUNR_PREWARM_TIMEOUT", IMAGE_TIMEOUT),
+        ],
     );
     let mut prewarm = Prewarm::start(&env, &[]);
     prewarm.wait_for_log(
         "waiting for the registry to answer GET /v2/",
         Duration::from_secs(20),
     );
-    let sent = Instant::now();
     prewarm.signal(Signal::SIGTERM);
-    let done = prewarm.finish(Duration::from_secs(30));
-    assert!(sent.elapsed() < WITHIN, "{:?}: {done:?}", sent.elapsed());
+    let done = prewarm.finish(HANG_GUARD);
     assert_eq!(done.code, 1, "{done:?}");
     let summary = done.summary();
     assert_eq!(summary["failed"], 2, "{summary}");

@@ -1,8 +1,6 @@
 //! A cache served over HTTPS: with its CA given it is warmed; a certificate from a CA prewarm
-//! was not given, for another name, expired or not valid yet fails every image within seconds
+//! was not given, for another name, expired or not valid yet fails every image at once
 //! (not after RUNR_PREWARM_WAIT) with the certificate problem in rustls's words, exit 1.
-
-use std::time::{Duration, Instant};
 
 use runr_testkit::pki::Ca;
 use runr_testkit::{have_tool, TlsRegistry, TlsVariant};
@@ -47,7 +45,7 @@ fn a_tls_cache_with_its_ca_is_warmed() {
 }
 
 #[test]
-fn a_bad_certificate_fails_every_image_within_seconds_naming_the_problem() {
+fn a_bad_certificate_fails_every_image_at_once_naming_the_problem() {
     if !tls_tools() {
         return;
     }
@@ -90,17 +88,11 @@ fn a_bad_certificate_fails_every_image_within_seconds_naming_the_problem() {
         };
         let env = with(
             &tls_env(&cache.host(), "small:1 big:1", ca),
-            // Waiting it out would take this long; failing at once takes a fraction.
+            // A certificate problem waited out would log "waiting for the registry" (checked below).
             &[("RUNR_PREWARM_WAIT", "90s")],
         );
-        let started = Instant::now();
         let done = run(&env);
-        let took = started.elapsed();
         assert_eq!(done.code, 1, "{variant:?}: {done:?}");
-        assert!(
-            took < Duration::from_secs(10),
-            "{variant:?} took {took:?}: {done:?}"
-        );
         let summary = done.summary();
         assert_eq!(summary["failed"], 2, "{variant:?}: {done:?}");
         for image in summary["images"].as_array().unwrap() {
