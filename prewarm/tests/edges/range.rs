@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use runr_testkit::range_cache::HeadMode;
-use runr_testkit::RangeIgnoringCache;
+use runr_testkit::{wait_for, RangeIgnoringCache};
 
 use super::with;
-use crate::fixtures::{base_env, run, Finished};
+use crate::fixtures::{base_env, run, Finished, Prewarm};
 use crate::{tools_present, upstream, Upstream};
 
 const WITH_HEAD: &str = "the cache ignores Range requests; confirming with HEAD instead";
@@ -40,14 +40,31 @@ fn a_cache_that_ignores_range_is_confirmed_with_head() {
         return;
     }
     let up = upstream();
-    // It commits each blob 4 s after serving it, and HEAD says 404 until then: long enough for
-    // prewarm to suspect the cache (2 s of whole-blob answers) and see a HEAD answer from the
-    // store. (Where every blob is stored before that, see the next test.)
+    // It stores what it served only when the test says so, and HEAD says 404 until then: prewarm
+    // suspects the cache (2 s of whole-blob answers) and asks HEAD, which answers from the store;
+    // the stores are released once that HEAD was asked. (Where every blob is stored before that,
+    // see the next test.)
     let cache = RangeIgnoringCache::builder(up.registry.addr())
-        .store_delay(Duration::from_secs(4))
+        .hold_stores()
         .start();
-    let env = base_env(&cache.host(), "small:1 big:1");
-    let done = run(&env);
+    let env = with(
+        &base_env(&cache.host(), "small:1 big:1"),
+        &[("RUNR_PREWARM_CONFIRM_WAIT", "10m")],
+    );
+    let prewarm = Prewarm::start(&env, &[]);
+    wait_for(
+        "a HEAD for a blob not stored yet",
+        Duration::from_secs(120),
+        || {
+            cache
+                .all_stats()
+                .iter()
+                .any(|(digest, s)| s.heads > 0 && !cache.is_stored(digest))
+                .then_some(())
+        },
+    );
+    cache.release_stores();
+    let done = prewarm.finish(Duration::from_secs(120));
     assert_eq!(done.code, 0, "{done:?}");
     assert_eq!(said(&done, WITH_HEAD), 1, "said once: {done:?}");
     assert_eq!(said(&done, BY_READING), 0, "{done:?}");

@@ -62,7 +62,8 @@ pub struct BlobStats {
 struct State {
     upstream: SocketAddr,
     head: HeadMode,
-    store_delay: Duration,
+    /// Fetched blobs waiting for [`RangeIgnoringCache::release_stores`] (`None`: stored at once).
+    held: Mutex<Option<Vec<(PathBuf, PathBuf)>>>,
     store: PathBuf,
     stats: Mutex<BTreeMap<String, BlobStats>>,
     manifest_requests: AtomicU64,
@@ -85,7 +86,7 @@ impl State {
 pub struct RangeIgnoringCacheBuilder {
     upstream: SocketAddr,
     head: HeadMode,
-    store_delay: Duration,
+    hold_stores: bool,
 }
 
 impl RangeIgnoringCacheBuilder {
@@ -95,10 +96,11 @@ impl RangeIgnoringCacheBuilder {
         self
     }
 
-    /// Stores a fetched blob only this long after it was served whole (default: at once), like
-    /// a cache whose copy finishes after its answer did.
-    pub fn store_delay(mut self, delay: Duration) -> Self {
-        self.store_delay = delay;
+    /// Stores the blobs it serves only when [`RangeIgnoringCache::release_stores`] is called
+    /// (default: at once), like a cache whose copy finishes after its answer did; the test says
+    /// when, so no race with the client's timing decides what the client sees.
+    pub fn hold_stores(mut self) -> Self {
+        self.hold_stores = true;
         self
     }
 
@@ -113,7 +115,7 @@ impl RangeIgnoringCacheBuilder {
         let state = Arc::new(State {
             upstream: self.upstream,
             head: self.head,
-            store_delay: self.store_delay,
+            held: Mutex::new(self.hold_stores.then(Vec::new)),
             store,
             stats: Mutex::new(BTreeMap::new()),
             manifest_requests: AtomicU64::new(0),
@@ -143,12 +145,12 @@ impl RangeIgnoringCache {
         Self::builder(upstream).start()
     }
 
-    /// A builder for the HEAD behaviour and a storing delay.
+    /// A builder for the HEAD behaviour and held stores.
     pub fn builder(upstream: SocketAddr) -> RangeIgnoringCacheBuilder {
         RangeIgnoringCacheBuilder {
             upstream,
             head: HeadMode::FromStore,
-            store_delay: Duration::ZERO,
+            hold_stores: false,
         }
     }
 
@@ -220,6 +222,25 @@ impl RangeIgnoringCache {
     /// The stored copy of blob `digest`, if it holds one.
     pub fn stored_bytes(&self, digest: &str) -> Option<Vec<u8>> {
         std::fs::read(self.state.blob_path(digest)).ok()
+    }
+
+    /// Blobs served and waiting for [`RangeIgnoringCache::release_stores`].
+    pub fn held(&self) -> usize {
+        let held = self.state.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Stores every blob held so far, and from now on each one as soon as it was served.
+    pub fn release_stores(&self) {
+        let held = self
+            .state
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        for (tmp, dest) in held.into_iter().flatten() {
+            let _ = std::fs::rename(&tmp, &dest);
+        }
     }
 
     /// Forgets blob `digest` (an eviction): the next GET fetches it from upstream again.
@@ -333,8 +354,13 @@ fn get_blob(state: &Arc<State>, req: &Request, name: &str, digest: &str) -> Resp
                         if n == 0 {
                             return Ok(());
                         }
-                        w.write_all(&buf[..n])?;
+                        // Counted before the write, so a test that has read the whole body sees
+                        // it counted; a failed write takes it back.
                         st.count(&digest_owned, |s| s.served_bytes += n as u64);
+                        if let Err(e) = w.write_all(&buf[..n]) {
+                            st.count(&digest_owned, |s| s.served_bytes -= n as u64);
+                            return Err(e);
+                        }
                     }
                 }),
             ),
@@ -375,7 +401,7 @@ fn get_blob(state: &Arc<State>, req: &Request, name: &str, digest: &str) -> Resp
 }
 
 /// Copies the upstream body to the client and to a temporary file; when the whole blob arrived
-/// with the right digest it becomes the stored copy (after the storing delay). A client that
+/// with the right digest it becomes the stored copy (when stores are released, if held). A client that
 /// goes away does not stop the copy, as in a real cache.
 fn fetch_and_store(
     state: &Arc<State>,
@@ -406,9 +432,11 @@ fn fetch_and_store(
         hash.update(&buf[..n]);
         file.write_all(&buf[..n])?;
         if client_error.is_none() {
-            match w.write_all(&buf[..n]) {
-                Ok(()) => state.count(digest, |s| s.served_bytes += n as u64),
-                Err(e) => client_error = Some(e),
+            // Counted before the write, as above.
+            state.count(digest, |s| s.served_bytes += n as u64);
+            if let Err(e) = w.write_all(&buf[..n]) {
+                state.count(digest, |s| s.served_bytes -= n as u64);
+                client_error = Some(e);
             }
         }
     }
@@ -435,15 +463,13 @@ fn fetch_and_store(
 }
 
 fn commit(state: &Arc<State>, tmp: PathBuf, dest: PathBuf) {
-    if state.store_delay.is_zero() {
-        let _ = std::fs::rename(&tmp, &dest);
-        return;
+    let mut held = state.held.lock().unwrap_or_else(|e| e.into_inner());
+    match held.as_mut() {
+        Some(held) => held.push((tmp, dest)),
+        None => {
+            let _ = std::fs::rename(&tmp, &dest);
+        }
     }
-    let delay = state.store_delay;
-    std::thread::spawn(move || {
-        std::thread::sleep(delay);
-        let _ = std::fs::rename(&tmp, &dest);
-    });
 }
 
 fn head_blob(state: &Arc<State>, name: &str, digest: &str) -> Response {

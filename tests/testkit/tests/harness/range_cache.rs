@@ -91,10 +91,18 @@ fn concurrent_probes_get_whole_blobs_and_the_cache_stores_them() {
     for w in workers {
         w.join().unwrap();
     }
+    // Each copy is committed once its upstream fetch ends, which may be after the clients read
+    // the last byte.
+    wait_for("every blob to be stored", Duration::from_secs(30), || {
+        image
+            .blobs()
+            .iter()
+            .all(|b| cache.is_stored(&b.digest))
+            .then_some(())
+    });
 
     for blob in image.blobs() {
         let len = blob.data.len() as u64;
-        assert!(cache.is_stored(&blob.digest));
         assert_eq!(
             cache.stored_bytes(&blob.digest).as_deref(),
             Some(&blob.data[..])
@@ -209,7 +217,7 @@ fn skopeo_pulls_through_it() {
 }
 
 #[test]
-fn head_modes_and_a_store_delay() {
+fn head_modes_and_held_stores() {
     let image = TestImage::random("1", &[5_000]);
     let upstream = upstream_with(&image);
     let layer = &image.layers[0];
@@ -233,7 +241,7 @@ fn head_modes_and_a_store_delay() {
     assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
 
     let slow = RangeIgnoringCache::builder(upstream.addr())
-        .store_delay(Duration::from_millis(1500))
+        .hold_stores()
         .start();
     let r = http::request(
         slow.addr(),
@@ -246,9 +254,16 @@ fn head_modes_and_a_store_delay() {
     // Served, not stored yet: HEAD says so until the copy lands.
     let head = || http::request(slow.addr(), "HEAD", &path, &[], Body::None).status;
     assert_eq!(head(), 404);
-    wait_for("the delayed store", Duration::from_secs(30), || {
-        (head() == 200).then_some(())
-    });
+    // The copy is committed once the upstream fetch ends, which may be after the client read
+    // the last byte.
+    wait_for(
+        "the served blob to be held",
+        Duration::from_secs(30),
+        || (slow.held() == 1).then_some(()),
+    );
+    assert!(!slow.is_stored(&layer.digest));
+    slow.release_stores();
+    assert_eq!(head(), 200);
     slow.evict(&layer.digest);
     assert_eq!(head(), 404);
     let r = http::request(slow.addr(), "GET", &path, &[], Body::None);
@@ -328,8 +343,29 @@ fn stop_and_restart_keep_the_store() {
         http::get(cache.addr(), &blob_path(&layer.digest)).status,
         200
     );
+    // The copy is committed once the upstream fetch ends, which may be after the client read
+    // the last byte.
+    wait_for("the blob to be stored", Duration::from_secs(30), || {
+        cache.is_stored(&layer.digest).then_some(())
+    });
     cache.stop();
-    assert!(std::net::TcpStream::connect(cache.addr()).is_err());
+    // Refused; unless another process bound the freed port in between (tests run in parallel),
+    // and then what answers is not this cache.
+    if let Ok(mut s) = std::net::TcpStream::connect(cache.addr()) {
+        use std::io::{Read, Write};
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let head = http::request_head("GET", &blob_path(&layer.digest), &[], &Body::None);
+        let _ = s.write_all(head.as_bytes());
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        assert!(
+            !answer
+                .windows(layer.data.len())
+                .any(|w| w == &layer.data[..]),
+            "the stopped cache answered"
+        );
+    }
     upstream.stop();
     cache.restart();
     let r = http::get(cache.addr(), &blob_path(&layer.digest));
