@@ -32,7 +32,7 @@ const MAX_MAX_ATTEMPTS: u32 = 1000;
 /// The first retry's delay; it doubles per retry, with equal jitter, up to [`ENV_BACKOFF_MAX`].
 pub const ENV_BACKOFF: &str = "RUNR_QUEUE_BACKOFF";
 const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest retry delay (a 503's `Retry-After` may ask for more, and gets it).
+/// The longest retry delay (a 429's or 503's `Retry-After` may ask for more, and gets it).
 pub const ENV_BACKOFF_MAX: &str = "RUNR_QUEUE_BACKOFF_MAX";
 const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Time limit of one delivery: connecting, sending and the answer's status line and headers.
@@ -47,8 +47,25 @@ const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(60);
 /// Largest CloudEvent body (the entry's fields as JSON); a larger entry is dead-lettered at once
 /// with `runr-error: limit`.
 pub const ENV_MAX_BODY: &str = "RUNR_QUEUE_MAX_BODY";
-const DEFAULT_MAX_BODY: u64 = 1 << 20;
+/// The wrapper's own request limit (its `MAX_BODY`, 10 MiB): every entry the function accepts is
+/// delivered, and one it would refuse with 413 never leaves the queue.
+const DEFAULT_MAX_BODY: u64 = 10 << 20;
 const MAX_BODY_RANGE: std::ops::RangeInclusive<u64> = 1024..=(64 << 20);
+/// Answers dead-lettered after their first attempt instead of being retried: a comma-separated
+/// list of the wrapper's error classes (`X-RunR-Error`) and HTTP statuses, e.g. `limit,400,422`.
+/// Empty by default: every non-2xx answer is retried up to [`ENV_MAX_ATTEMPTS`], as the spec
+/// says.
+pub const ENV_DEAD_LETTER_AT_ONCE: &str = "RUNR_QUEUE_DEAD_LETTER_AT_ONCE";
+/// The classes the wrapper sets in `X-RunR-Error` (its `ErrorClass`): a list naming anything
+/// else holds a typo that would never match.
+pub const WRAPPER_ERROR_CLASSES: &[&str] = &[
+    "timeout",
+    "crash",
+    "start",
+    "limit",
+    "overload",
+    "unavailable",
+];
 /// How long deliveries in flight may finish after SIGTERM.
 pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
 /// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
@@ -100,7 +117,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::new(
         ENV_BACKOFF_MAX,
         "60s",
-        "longest retry delay (a 503's Retry-After may ask for more)",
+        "longest retry delay (a 429's or 503's Retry-After may ask for more)",
     ),
     VarDoc::new(ENV_TIMEOUT, "5m", "time limit of one delivery"),
     VarDoc::new(
@@ -110,8 +127,12 @@ pub const VARS: &[VarDoc] = &[
     ),
     VarDoc::new(
         ENV_MAX_BODY,
-        "1MiB",
-        "largest event body (fields as JSON); larger entries are dead-lettered",
+        "10MiB",
+        "largest event body (fields as JSON), the wrapper's request limit; larger entries are dead-lettered",
+    ),
+    VarDoc::optional(
+        ENV_DEAD_LETTER_AT_ONCE,
+        "error classes and statuses dead-lettered without a retry, e.g. limit,400,422",
     ),
     VarDoc::new(
         ENV_DRAIN,
@@ -120,6 +141,53 @@ pub const VARS: &[VarDoc] = &[
     ),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
 ];
+
+/// Answers that retrying cannot fix, by the operator's word ([`ENV_DEAD_LETTER_AT_ONCE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AtOnce {
+    /// Error classes, lower case, from [`WRAPPER_ERROR_CLASSES`].
+    pub classes: Vec<String>,
+    /// Statuses, 300 to 599.
+    pub statuses: Vec<u16>,
+}
+
+impl AtOnce {
+    /// Whether an answer with `status` and the wrapper's `class` is dead-lettered at once.
+    pub fn matches(&self, status: u16, class: Option<&str>) -> bool {
+        self.statuses.contains(&status)
+            || class.is_some_and(|c| self.classes.iter().any(|k| k == c))
+    }
+}
+
+/// `limit,400,422`: classes and statuses, blanks around items ignored.
+fn parse_at_once(v: &str) -> Result<AtOnce, String> {
+    let mut out = AtOnce::default();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err("an empty item: expected error classes and statuses separated by commas, e.g. limit,400,422".to_string());
+        }
+        if item.bytes().all(|b| b.is_ascii_digit()) {
+            match item.parse::<u16>() {
+                Ok(s @ 300..=599) if item.len() == 3 => out.statuses.push(s),
+                _ => {
+                    return Err(format!(
+                        "{item:?} is not a status from 300 to 599 (a 2xx acknowledges the entry)"
+                    ))
+                }
+            }
+            continue;
+        }
+        let class = item.to_ascii_lowercase();
+        if !WRAPPER_ERROR_CLASSES.contains(&class.as_str()) {
+            return Err(format!(
+                "{item:?} is neither a status nor one of the wrapper's error classes ({})",
+                WRAPPER_ERROR_CLASSES.join(", ")
+            ));
+        }
+        out.classes.push(class);
+    }
+    Ok(out)
+}
 
 /// Where the consumer finds Redis.
 #[derive(Clone, PartialEq, Eq)]
@@ -192,6 +260,8 @@ pub struct Config {
     pub claim_idle: Duration,
     /// [`ENV_MAX_BODY`], in bytes.
     pub max_body: usize,
+    /// [`ENV_DEAD_LETTER_AT_ONCE`].
+    pub at_once: AtOnce,
     /// [`ENV_DRAIN`].
     pub drain: Duration,
     /// [`ENV_LOG`].
@@ -247,6 +317,7 @@ impl Config {
             Duration::from_millis(100)..=DAY,
         );
         let max_body = env.size_in(ENV_MAX_BODY, DEFAULT_MAX_BODY, MAX_BODY_RANGE) as usize;
+        let at_once = env.parse(ENV_DEAD_LETTER_AT_ONCE, AtOnce::default(), parse_at_once);
         let drain = env.duration_in(
             ENV_DRAIN,
             DEFAULT_DRAIN,
@@ -269,6 +340,7 @@ impl Config {
                 timeout,
                 claim_idle,
                 max_body,
+                at_once,
                 drain,
                 log_level,
             })
@@ -510,7 +582,9 @@ mod tests {
         assert_eq!(c.backoff_max, Duration::from_secs(60));
         assert_eq!(c.timeout, Duration::from_secs(300));
         assert_eq!(c.claim_idle, Duration::from_secs(60));
-        assert_eq!(c.max_body, 1 << 20);
+        // The wrapper's request limit: what the function accepts, the queue delivers.
+        assert_eq!(c.max_body, 10 << 20);
+        assert_eq!(c.at_once, AtOnce::default());
         assert_eq!(c.drain, Duration::from_secs(25));
         assert_eq!(c.log_level, tracing::Level::INFO);
         assert_eq!(c.dead_letter_stream(), "orders-dlq");
@@ -529,6 +603,7 @@ mod tests {
             (ENV_TIMEOUT, "10s"),
             (ENV_CLAIM_IDLE, "1s"),
             (ENV_MAX_BODY, "64KiB"),
+            (ENV_DEAD_LETTER_AT_ONCE, " limit, 400 ,422,Crash"),
             (ENV_DRAIN, "0"),
             (ENV_LOG, "debug"),
         ]))
@@ -552,6 +627,13 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(10));
         assert_eq!(c.claim_idle, Duration::from_secs(1));
         assert_eq!(c.max_body, 64 << 10);
+        assert_eq!(
+            c.at_once,
+            AtOnce {
+                classes: vec!["limit".into(), "crash".into()],
+                statuses: vec![400, 422],
+            }
+        );
         assert_eq!(c.drain, Duration::ZERO);
         assert_eq!(c.log_level, tracing::Level::DEBUG);
     }
@@ -569,6 +651,7 @@ mod tests {
             (ENV_TIMEOUT, "soon"),
             (ENV_CLAIM_IDLE, "10ms"),
             (ENV_MAX_BODY, "100"),
+            (ENV_DEAD_LETTER_AT_ONCE, "limit,limt"),
             (ENV_DRAIN, "2h"),
             (ENV_LOG, "loud"),
         ])
@@ -587,12 +670,13 @@ mod tests {
                 ENV_TIMEOUT,
                 ENV_CLAIM_IDLE,
                 ENV_MAX_BODY,
+                ENV_DEAD_LETTER_AT_ONCE,
                 ENV_DRAIN,
                 ENV_LOG,
             ]
         );
         let lines = error_lines(&errors);
-        assert_eq!(lines.len(), 13);
+        assert_eq!(lines.len(), 14);
         // The password never shows, not even in the error about the URL it is in.
         assert!(lines.iter().all(|l| !l.contains("hunter2")), "{lines:?}");
         assert!(
@@ -678,6 +762,50 @@ mod tests {
         assert_eq!(redact("redis://a:b@h:1/2"), "redis://***@h:1/2");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
         assert_eq!(redact("redis://h:1/x@y"), "redis://h:1/x@y");
+    }
+
+    #[test]
+    fn dead_letter_at_once_lists() {
+        let p = |v: &str| parse_at_once(v);
+        assert_eq!(
+            p("limit").unwrap(),
+            AtOnce {
+                classes: vec!["limit".into()],
+                statuses: vec![]
+            }
+        );
+        assert_eq!(p("599,300").unwrap().statuses, [599, 300]);
+        for class in WRAPPER_ERROR_CLASSES {
+            assert_eq!(p(class).unwrap().classes, [class.to_string()]);
+        }
+        for (bad, reason) in [
+            ("limit,", "an empty item"),
+            (",limit", "an empty item"),
+            ("200", "not a status from 300 to 599"),
+            ("204", "a 2xx acknowledges"),
+            ("99", "not a status"),
+            ("600", "not a status"),
+            ("0400", "not a status"),
+            ("99999", "not a status"),
+            (
+                "limt",
+                "neither a status nor one of the wrapper's error classes (timeout, crash",
+            ),
+            // The consumer's own words for no answer are not the wrapper's classes.
+            ("unreachable", "neither a status"),
+            ("limit 400", "neither a status"),
+        ] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains(reason), "{bad:?}: {e}");
+        }
+        let errors = parse(&with(&[(ENV_DEAD_LETTER_AT_ONCE, "413,nope")])).unwrap_err();
+        assert_eq!(errors.names(), [ENV_DEAD_LETTER_AT_ONCE]);
+        assert!(
+            errors
+                .to_string()
+                .starts_with(r#"RUNR_QUEUE_DEAD_LETTER_AT_ONCE="413,nope": "nope" is neither"#),
+            "{errors}"
+        );
     }
 
     #[test]

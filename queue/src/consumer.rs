@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::answer::Verdict;
 use crate::backoff::{random, retry_delay};
 use crate::config::Config;
-use crate::deliver::{Event, Http, Sent};
+use crate::deliver::{AnswerBody, Event, Http, Sent};
 use crate::event;
 use crate::store::{Entry, Reader, Store, StoreError, READ_BLOCK};
 
@@ -476,14 +476,19 @@ impl Ctx {
                 body: body.clone(),
             };
             let sent = self.http.send(&event, self.config.timeout).await;
-            let (verdict, status, class, detail) = match sent {
-                Sent::Answered { answer, snippet } => {
-                    (answer.verdict(), answer.status, answer.error_class, snippet)
-                }
+            let (verdict, status, class, body, detail) = match sent {
+                Sent::Answered { answer, body } => (
+                    answer.verdict(&self.config.at_once),
+                    answer.status,
+                    answer.error_class,
+                    Some(body),
+                    String::new(),
+                ),
                 Sent::TimedOut => (
                     Verdict::Retry { floor: None },
                     0,
                     Some("timeout".to_string()),
+                    None,
                     format!(
                         "no answer within {}",
                         runr_base::env::display_duration(self.config.timeout)
@@ -493,17 +498,29 @@ impl Ctx {
                     Verdict::Retry { floor: None },
                     0,
                     Some("unreachable".to_string()),
+                    None,
                     e,
                 ),
             };
+            if verdict == Verdict::Done {
+                // Acknowledged as soon as the head said 2xx: the body is read meanwhile, with a
+                // bound of its own, only for the log line and the connection.
+                let (acked, answer) = tokio::join!(
+                    self.store.retry(|| self.store.ack(id)),
+                    self.finish(body, detail)
+                );
+                tracing::debug!(id, attempt, status, answer = %answer, "delivered");
+                let counter = match acked {
+                    Ok(()) => &self.counts.delivered,
+                    // Redis refused the ack for good: pending, for whoever may ack it.
+                    Err(_) => &self.counts.left_pending,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let detail = self.finish(body, detail).await;
             match verdict {
-                Verdict::Done => {
-                    tracing::debug!(id, attempt, status, answer = %detail, "delivered");
-                    if self.store.retry(|| self.store.ack(id)).await.is_ok() {
-                        self.counts.delivered.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return;
-                }
+                Verdict::Done => return,
                 Verdict::DeadLetter => {
                     self.dead_letter(id, fields, attempt, status, class.as_deref())
                         .await;
@@ -548,6 +565,14 @@ impl Ctx {
                     attempt += 1;
                 }
             }
+        }
+    }
+
+    /// The start of the answer's body (read with its bounds), or `detail` when there was none.
+    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> String {
+        match body {
+            Some(b) => self.http.finish(b).await,
+            None => detail,
         }
     }
 

@@ -30,6 +30,7 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
             ("RUNR_QUEUE_TARGET", "ftp://fn"),
             ("RUNR_QUEUE_CONCURRENCY", "0"),
             ("RUNR_QUEUE_BACKOFF", "fast"),
+            ("RUNR_QUEUE_DEAD_LETTER_AT_ONCE", "limit,200"),
             ("RUNR_QUEUE_LOG", "loud"),
         ],
         &[],
@@ -45,6 +46,7 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
         "RUNR_QUEUE_TARGET",
         "RUNR_QUEUE_CONCURRENCY",
         "RUNR_QUEUE_BACKOFF",
+        "RUNR_QUEUE_DEAD_LETTER_AT_ONCE",
         "RUNR_QUEUE_LOG",
     ];
     assert_eq!(lines.len(), names.len(), "{stderr}");

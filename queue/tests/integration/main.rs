@@ -7,6 +7,7 @@ mod concurrency;
 mod config;
 mod crash;
 mod delivery;
+mod join;
 mod limits;
 mod outage;
 mod retries;

@@ -146,6 +146,15 @@ impl Consumer {
         );
     }
 
+    /// Waits until `n` entries were logged as delivered (the line follows the ack: it carries
+    /// the start of the answer's body, read after the ack was sent).
+    pub fn wait_delivered(&self, n: usize) -> Vec<(String, u32, String)> {
+        wait_for(&format!("{n} delivered lines"), LONG, || {
+            let d = self.delivered();
+            (d.len() >= n).then_some(d)
+        })
+    }
+
     /// Whether the process still runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.inner().try_wait(), Ok(None))
