@@ -374,7 +374,8 @@ const REDIS_FORMS: &str =
     "expected redis://[user:password@]host:port[/db] or rediss://[user:password@]host:port[/db]";
 
 /// `redis://[user:password@]host[:port][/db]` or `rediss://…`; redis-rs parses it once more when
-/// connecting, and must accept what this accepts.
+/// connecting, and must accept what this accepts. No reason quotes a part of the URL: in a URL
+/// that is not what the operator meant, any part may be a piece of the password.
 pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     let (tls, rest) = if let Some(rest) = url.strip_prefix("redis://") {
         (false, rest)
@@ -383,27 +384,37 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     } else {
         return Err(REDIS_FORMS.to_string());
     };
-    if url.contains('#') {
+    // The credentials end at the last `@` (as the URL parser redis-rs uses reads them, and as
+    // [`redact`] cuts them off); a `/ ? #` before it would end the authority early and leave
+    // the rest of the password in the host or the path.
+    let (userinfo, location) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        return Err(format!(
+            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
+        ));
+    }
+    if location.contains('#') {
         // redis-rs reads `#insecure` as "do not verify the certificate": never from here.
         return Err(format!("a fragment (#…) is not allowed: {REDIS_FORMS}"));
     }
-    let (authority, path) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    let (host_port, path) = match location.find(['/', '?']) {
+        Some(i) => location.split_at(i),
+        None => (location, ""),
     };
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let (host, port) = split_host_port(host_port)?;
     if host.is_empty() {
         return Err(format!("no host: {REDIS_FORMS}"));
     }
     if let Some(p) = port {
-        runr_base::env::parse_port(p)?;
+        runr_base::env::parse_port(p)
+            .map_err(|_| format!("the port is not a number from 1 to 65535: {REDIS_FORMS}"))?;
     }
     let db = path.split('?').next().unwrap_or("").trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "the database {db:?} is not a number: {REDIS_FORMS}"
-        ));
+        return Err(format!("the database is not a number: {REDIS_FORMS}"));
     }
     if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url) {
         // Only the category: redis-rs's detail may quote the URL, password and all.
@@ -447,13 +458,21 @@ fn split_host_port(s: &str) -> Result<(&str, Option<&str>), String> {
     })
 }
 
-/// The URL with any `user:password@` replaced by `***@`.
+/// The URL with everything between `://` and its last `@` replaced by `***@`: the
+/// credentials of any URL redis-rs accepts, and whatever an operator meant as credentials in one
+/// it does not (a raw `/`, `?` or `#` in a password). Host, port and database stay.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".to_string();
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
+    let scheme_ok = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    if !scheme_ok {
+        return "<not a URL>".to_string();
+    }
+    match rest.rfind('@') {
         Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
         None => url.to_string(),
     }
@@ -535,6 +554,7 @@ pub fn error_lines(errors: &ConfigErrors) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use runr_base::env::{names_read, unlisted};
     use std::collections::HashMap;
 
@@ -761,7 +781,13 @@ mod tests {
         }
         assert_eq!(redact("redis://a:b@h:1/2"), "redis://***@h:1/2");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("redis://h:1/x@y"), "redis://h:1/x@y");
+        // An `@` anywhere: everything before it may be a credential.
+        assert_eq!(redact("redis://h:1/x@y"), "redis://***@y");
+        assert_eq!(
+            redact("redis://user:se/Zq9@host:6379"),
+            "redis://***@host:6379"
+        );
+        assert_eq!(redact("u:pw@redis://host"), "<not a URL>");
     }
 
     #[test]
@@ -806,6 +832,142 @@ mod tests {
                 .starts_with(r#"RUNR_QUEUE_DEAD_LETTER_AT_ONCE="413,nope": "nope" is neither"#),
             "{errors}"
         );
+    }
+
+    /// A password or user name: the characters that end a URL's parts early, percent escapes
+    /// (valid, broken, not UTF-8), and words of letters that appear in no host, scheme or
+    /// message, so a leak of any part of it can be found.
+    fn credential() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("/".to_string()),
+            Just("#".to_string()),
+            Just("?".to_string()),
+            Just("@".to_string()),
+            Just(":".to_string()),
+            Just("%2F".to_string()),
+            Just("%40".to_string()),
+            Just("%3A".to_string()),
+            Just("%23".to_string()),
+            Just("%3F".to_string()),
+            Just("%25".to_string()),
+            Just("%".to_string()),
+            Just("%ZZ".to_string()),
+            Just("%FF".to_string()),
+            Just(" ".to_string()),
+            Just("é".to_string()),
+            "[XZJVW][XZJVW0-9]{3,6}",
+        ];
+        proptest::collection::vec(piece, 1..8).prop_map(|p| p.concat())
+    }
+
+    /// The secret words of a credential from [`credential`].
+    fn words(s: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut word = String::new();
+        for c in s.chars().chain(std::iter::once(' ')) {
+            if "XZJVW0123456789".contains(c) && !(word.is_empty() && c.is_ascii_digit()) {
+                word.push(c);
+            } else {
+                if word.len() >= 4 {
+                    out.push(std::mem::take(&mut word));
+                }
+                word.clear();
+            }
+        }
+        out
+    }
+
+    /// Every byte but the unreserved ones as `%XX`: what an operator should write.
+    fn encode(s: &str) -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    /// Everything the binary could print about a URL: the configuration errors, or the
+    /// configuration itself (its `Debug`, which logs use, and the display of the URL).
+    fn printed(url: &str) -> String {
+        let mut vars: HashMap<String, String> = GOOD
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.insert(ENV_REDIS_URL.into(), url.into());
+        match Config::from_lookup(&move |n: &str| vars.get(n).cloned()) {
+            Ok(c) => format!("{c:?}\n{}", c.redis.display),
+            Err(e) => error_lines(&e).join("\n"),
+        }
+    }
+
+    proptest! {
+        /// A password never shows, whatever it holds and however the URL around it is
+        /// written; written as it should be (percent-encoded), the URL is accepted and its
+        /// display keeps host, port and database.
+        #[test]
+        fn no_password_is_ever_printed(
+            user in proptest::option::of(credential()),
+            password in credential(),
+            tls in any::<bool>(),
+            host in prop_oneof![Just("localhost"), Just("10.0.0.1"), Just("[::1]"), Just("redis.example")],
+            port in proptest::option::of(1u16..=65535),
+            db in proptest::option::of(0u32..16),
+        ) {
+            let scheme = if tls { "rediss" } else { "redis" };
+            let location = format!(
+                "{host}{}{}",
+                port.map(|p| format!(":{p}")).unwrap_or_default(),
+                db.map(|d| format!("/{d}")).unwrap_or_default(),
+            );
+            let secret_words: Vec<String> = words(&password)
+                .into_iter()
+                .chain(user.as_deref().map(words).unwrap_or_default())
+                .collect();
+            let user_raw = user.clone().unwrap_or_default();
+            let raw = format!("{scheme}://{user_raw}:{password}@{location}");
+            let encoded = format!(
+                "{scheme}://{}:{}@{location}",
+                encode(&user_raw),
+                encode(&password)
+            );
+            for url in [&raw, &encoded] {
+                let out = printed(url);
+                for w in &secret_words {
+                    prop_assert!(!out.contains(w.as_str()), "{w:?} of {url:?} printed: {out}");
+                }
+            }
+            let good = parse_redis_url(&encoded);
+            prop_assert!(good.is_ok(), "{encoded:?}: {:?}", good.err());
+            prop_assert_eq!(good.unwrap().display, format!("{scheme}://***@{location}"));
+        }
+
+        /// Any text at all: the display is the URL without anything before its last `@`.
+        #[test]
+        fn redact_keeps_only_what_follows_the_last_at(url in "\\PC{0,40}") {
+            let shown = redact(&url);
+            if shown != "<not a URL>" {
+                match url.rfind('@') {
+                    Some(at) => {
+                        let tail = format!("://***@{}", &url[at + 1..]);
+                        prop_assert!(shown.ends_with(&tail), "{:?} shown as {:?}", url, shown);
+                    }
+                    None => prop_assert_eq!(&shown, &url),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_issues_password_with_a_slash() {
+        let out = printed("redis://user:se/Zq9@host:6379");
+        assert!(!out.contains("se/Zq9") && !out.contains("Zq9"), "{out}");
+        assert!(out.contains(r#"="redis://***@host:6379": the user name or password holds a raw / ? or #: percent-encode them"#), "{out}");
+        let ok = parse_redis_url("redis://user:se%2FZq9@host:6379/3").unwrap();
+        assert_eq!(ok.display, "redis://***@host:6379/3");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::backoff::{random, retry_delay};
 use crate::config::Config;
 use crate::deliver::{AnswerBody, Event, Http, Sent};
 use crate::event;
-use crate::store::{Entry, Reader, Store, StoreError, READ_BLOCK};
+use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
 
 /// How the consumer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,8 +106,9 @@ pub async fn run(
             return Ended::Stopped { drained: true };
         }
     };
-    if let Err(m) = created {
-        return Ended::Fatal(m);
+    if let Err(r) = created {
+        log_refusal(&r);
+        return Ended::Fatal(r.to_string());
     }
     let c = &ctx.config;
     tracing::info!(
@@ -140,7 +141,7 @@ pub async fn run(
             drain = %runr_base::env::display_duration(ctx.config.drain),
             "stopping: no more reads; deliveries in flight may finish"
         ),
-        Ok(m) => tracing::error!(error = %m, "redis refused us: stopping"),
+        Ok(r) => log_refusal(r),
     }
     // A read blocked in Redis ends now instead of after READ_BLOCK; what it returned anyway is
     // delivered like any other entry in hand.
@@ -180,8 +181,18 @@ pub async fn run(
     }
     match ended_by {
         Err(_) => Ended::Stopped { drained },
-        Ok(m) => Ended::Fatal(m),
+        Ok(r) => Ended::Fatal(r.to_string()),
     }
+}
+
+/// The line that says which command Redis refused, on which key, and why.
+fn log_refusal(r: &Refusal) {
+    tracing::error!(
+        command = %r.command,
+        key = %r.key,
+        error = %r.error,
+        "redis refused a command: stopping; entries in hand stay pending"
+    );
 }
 
 impl Ctx {
@@ -462,7 +473,10 @@ impl Ctx {
                 match recorded {
                     Ok(true) => {}
                     Ok(false) => held.lost.store(true, Ordering::Relaxed),
-                    Err(_) => return,
+                    Err(_) => {
+                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
                 }
             }
             if held.lost.load(Ordering::Relaxed) {
@@ -595,12 +609,14 @@ impl Ctx {
             ),
             ("runr-id", id.to_string()),
         ];
-        if self
+        let moved = self
             .store
             .retry(|| self.store.dead_letter(id, fields, &extra))
-            .await
-            .is_ok()
-        {
+            .await;
+        if moved.is_err() {
+            // Refused for good (the consumer is stopping): the entry stays pending as it is.
+            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+        } else {
             self.counts.dead_lettered.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 id,

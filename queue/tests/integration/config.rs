@@ -66,6 +66,38 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
 }
 
 #[test]
+fn a_password_holding_url_delimiters_is_never_printed() {
+    // The issue's URL, and passwords that end the authority, the path or the query early.
+    for (url, secret) in [
+        ("redis://user:se/Zq9@host:6379", "Zq9"),
+        ("redis://user:QX#7KP@host:6379/0", "QX#7KP"),
+        ("rediss://app:JV?3W9@host:6380", "JV?3W9"),
+        ("redis://:12/WZK4@host", "WZK4"),
+        ("redis://user:VX@J:9@host:6379/x", "VX@J"),
+    ] {
+        let (code, stdout, stderr) = run(
+            &[
+                ("RUNR_QUEUE_REDIS_URL", url),
+                ("RUNR_QUEUE_STREAM", "orders"),
+                ("RUNR_QUEUE_GROUP", "g"),
+                ("RUNR_QUEUE_CONSUMER", "c"),
+                ("RUNR_QUEUE_TARGET", "http://fn"),
+            ],
+            &[],
+        );
+        assert_eq!(code, 2, "{url}: {stderr}");
+        let printed = format!("{stdout}{stderr}");
+        assert!(!printed.contains(secret), "{url}: {printed}");
+        assert_eq!(printed.lines().count(), 1, "{printed}");
+        assert!(
+            printed.contains("RUNR_QUEUE_REDIS_URL=\"redis"),
+            "{printed}"
+        );
+        assert!(printed.contains("***@"), "{printed}");
+    }
+}
+
+#[test]
 fn version_and_help_print_every_variable_with_its_default() {
     for arg in ["version", "help"] {
         let (code, stdout, _) = run(&[], &[arg]);

@@ -10,6 +10,7 @@ mod delivery;
 mod join;
 mod limits;
 mod outage;
+mod refusals;
 mod retries;
 mod shutdown;
 mod stress;
