@@ -4,6 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::config::AtOnce;
+
 /// The error-class header the wrapper sets on answers it makes itself (timeout, crash, limit…).
 pub const ERROR_HEADER: &str = "x-runr-error";
 
@@ -17,7 +19,7 @@ pub struct Answer {
     pub status: u16,
     /// The `X-RunR-Error` class, when the wrapper sent a well-formed one.
     pub error_class: Option<String>,
-    /// A 503's `Retry-After`, capped at [`RETRY_AFTER_CEILING`].
+    /// A 429's or 503's `Retry-After`, capped at [`RETRY_AFTER_CEILING`].
     pub retry_after: Option<Duration>,
 }
 
@@ -26,9 +28,10 @@ pub struct Answer {
 pub enum Verdict {
     /// 2xx: acknowledge.
     Done,
-    /// Retrying cannot help (413 with `X-RunR-Error: limit`): dead-letter now.
+    /// The operator listed this class or status in `RUNR_QUEUE_DEAD_LETTER_AT_ONCE`: retrying
+    /// cannot help, dead-letter now.
     DeadLetter,
-    /// A failed attempt; the next one no earlier than `floor` (a 503's `Retry-After`).
+    /// A failed attempt; the next one no earlier than `floor` (a 429's or 503's `Retry-After`).
     Retry {
         /// The least wait before the next attempt.
         floor: Option<Duration>,
@@ -41,7 +44,9 @@ impl Answer {
         let error_class = headers
             .get(ERROR_HEADER)
             .and_then(|v| parse_error_class(v.as_bytes()));
-        let retry_after = if status == 503 {
+        // The two statuses whose Retry-After RFC 9110 defines as "how long to wait" (§15.5.20,
+        // §15.6.4); on a 3xx it is a redirect's, which means nothing here.
+        let retry_after = if status == 429 || status == 503 {
             headers
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| parse_retry_after(v.as_bytes(), now))
@@ -55,11 +60,12 @@ impl Answer {
         }
     }
 
-    /// The entry's fate.
-    pub fn verdict(&self) -> Verdict {
+    /// The entry's fate: a 2xx acknowledges; every other answer is retried (the spec's rule),
+    /// unless its status or class is one the operator listed in `at_once`.
+    pub fn verdict(&self, at_once: &AtOnce) -> Verdict {
         match self.status {
             200..=299 => Verdict::Done,
-            413 if self.error_class.as_deref() == Some("limit") => Verdict::DeadLetter,
+            s if at_once.matches(s, self.error_class.as_deref()) => Verdict::DeadLetter,
             _ => Verdict::Retry {
                 floor: self.retry_after,
             },
@@ -117,37 +123,100 @@ mod tests {
     }
 
     #[test]
-    fn verdicts() {
-        assert_eq!(answer(200, &[]).verdict(), Verdict::Done);
-        assert_eq!(answer(204, &[]).verdict(), Verdict::Done);
-        assert_eq!(
-            answer(413, &[(ERROR_HEADER, "limit")]).verdict(),
-            Verdict::DeadLetter
-        );
-        assert_eq!(
-            answer(413, &[(ERROR_HEADER, "LIMIT")]).verdict(),
-            Verdict::DeadLetter
-        );
-        // The handler's own 413 (no class) and other classes are retried.
-        assert_eq!(answer(413, &[]).verdict(), Verdict::Retry { floor: None });
-        assert_eq!(
-            answer(500, &[(ERROR_HEADER, "crash")]).verdict(),
-            Verdict::Retry { floor: None }
-        );
-        assert_eq!(answer(302, &[]).verdict(), Verdict::Retry { floor: None });
-        assert_eq!(
-            answer(503, &[("retry-after", "7")]).verdict(),
-            Verdict::Retry {
-                floor: Some(Duration::from_secs(7))
-            }
-        );
-        // Only a 503's Retry-After counts.
-        assert_eq!(
-            answer(500, &[("retry-after", "7")]).verdict(),
-            Verdict::Retry { floor: None }
-        );
+    fn every_non_2xx_is_retried_by_default() {
+        let none = AtOnce::default();
+        assert_eq!(answer(200, &[]).verdict(&none), Verdict::Done);
+        assert_eq!(answer(204, &[]).verdict(&none), Verdict::Done);
+        // The wrapper's own 413 too: the spec retries every non-2xx answer.
+        for (status, class) in [
+            (413, Some("limit")),
+            (413, None),
+            (500, Some("crash")),
+            (504, Some("timeout")),
+            (400, None),
+            (302, None),
+        ] {
+            let headers: Vec<(&'static str, &str)> =
+                class.iter().map(|c| (ERROR_HEADER, *c)).collect();
+            assert_eq!(
+                answer(status, &headers).verdict(&none),
+                Verdict::Retry { floor: None },
+                "{status} {class:?}"
+            );
+        }
         let a = answer(504, &[(ERROR_HEADER, " timeout ")]);
         assert_eq!(a.error_class.as_deref(), Some("timeout"));
+    }
+
+    #[test]
+    fn the_operators_list_dead_letters_at_once() {
+        let list = AtOnce {
+            classes: vec!["limit".into()],
+            statuses: vec![400, 422],
+        };
+        assert_eq!(
+            answer(413, &[(ERROR_HEADER, "LIMIT")]).verdict(&list),
+            Verdict::DeadLetter
+        );
+        assert_eq!(
+            answer(502, &[(ERROR_HEADER, "limit")]).verdict(&list),
+            Verdict::DeadLetter
+        );
+        assert_eq!(answer(422, &[]).verdict(&list), Verdict::DeadLetter);
+        assert_eq!(
+            answer(400, &[(ERROR_HEADER, "crash")]).verdict(&list),
+            Verdict::DeadLetter
+        );
+        // The handler's own 413 carries no class: not listed, retried.
+        assert_eq!(
+            answer(413, &[]).verdict(&list),
+            Verdict::Retry { floor: None }
+        );
+        assert_eq!(
+            answer(500, &[(ERROR_HEADER, "crash")]).verdict(&list),
+            Verdict::Retry { floor: None }
+        );
+        // A listed 2xx cannot exist (the config refuses it), and a 2xx always acknowledges.
+        let odd = AtOnce {
+            classes: vec!["limit".into()],
+            statuses: vec![],
+        };
+        assert_eq!(
+            answer(200, &[(ERROR_HEADER, "limit")]).verdict(&odd),
+            Verdict::Done
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_on_429_and_503_only() {
+        let none = AtOnce::default();
+        for status in [429, 503] {
+            assert_eq!(
+                answer(status, &[("retry-after", "7")]).verdict(&none),
+                Verdict::Retry {
+                    floor: Some(Duration::from_secs(7))
+                },
+                "{status}"
+            );
+            // An HTTP date, 90 s after `answer`'s clock.
+            let date =
+                httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_090));
+            assert_eq!(
+                answer(status, &[("retry-after", &date)]).retry_after,
+                Some(Duration::from_secs(90))
+            );
+            assert_eq!(
+                answer(status, &[("retry-after", "86400")]).retry_after,
+                Some(RETRY_AFTER_CEILING)
+            );
+        }
+        for status in [500, 502, 301, 413] {
+            assert_eq!(
+                answer(status, &[("retry-after", "7")]).verdict(&none),
+                Verdict::Retry { floor: None },
+                "{status}"
+            );
+        }
     }
 
     #[test]

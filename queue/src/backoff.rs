@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// The wait before retry `n` (1 for the second attempt): `d = min(base·2ⁿ⁻¹, cap)` with equal
 /// jitter — half of `d` fixed, the other half uniform from `random` — and never less than
-/// `floor` (a 503's `Retry-After`, which the cap does not shorten).
+/// `floor` (a 429's or 503's `Retry-After`, which the cap does not shorten).
 pub fn retry_delay(
     n: u32,
     base: Duration,

@@ -32,7 +32,7 @@ const MAX_MAX_ATTEMPTS: u32 = 1000;
 /// The first retry's delay; it doubles per retry, with equal jitter, up to [`ENV_BACKOFF_MAX`].
 pub const ENV_BACKOFF: &str = "RUNR_QUEUE_BACKOFF";
 const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest retry delay (a 503's `Retry-After` may ask for more, and gets it).
+/// The longest retry delay (a 429's or 503's `Retry-After` may ask for more, and gets it).
 pub const ENV_BACKOFF_MAX: &str = "RUNR_QUEUE_BACKOFF_MAX";
 const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Time limit of one delivery: connecting, sending and the answer's status line and headers.
@@ -47,8 +47,25 @@ const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(60);
 /// Largest CloudEvent body (the entry's fields as JSON); a larger entry is dead-lettered at once
 /// with `runr-error: limit`.
 pub const ENV_MAX_BODY: &str = "RUNR_QUEUE_MAX_BODY";
-const DEFAULT_MAX_BODY: u64 = 1 << 20;
+/// The wrapper's own request limit (its `MAX_BODY`, 10 MiB): every entry the function accepts is
+/// delivered, and one it would refuse with 413 never leaves the queue.
+const DEFAULT_MAX_BODY: u64 = 10 << 20;
 const MAX_BODY_RANGE: std::ops::RangeInclusive<u64> = 1024..=(64 << 20);
+/// Answers dead-lettered after their first attempt instead of being retried: a comma-separated
+/// list of the wrapper's error classes (`X-RunR-Error`) and HTTP statuses, e.g. `limit,400,422`.
+/// Empty by default: every non-2xx answer is retried up to [`ENV_MAX_ATTEMPTS`], as the spec
+/// says.
+pub const ENV_DEAD_LETTER_AT_ONCE: &str = "RUNR_QUEUE_DEAD_LETTER_AT_ONCE";
+/// The classes the wrapper sets in `X-RunR-Error` (its `ErrorClass`): a list naming anything
+/// else holds a typo that would never match.
+pub const WRAPPER_ERROR_CLASSES: &[&str] = &[
+    "timeout",
+    "crash",
+    "start",
+    "limit",
+    "overload",
+    "unavailable",
+];
 /// How long deliveries in flight may finish after SIGTERM.
 pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
 /// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
@@ -100,7 +117,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::new(
         ENV_BACKOFF_MAX,
         "60s",
-        "longest retry delay (a 503's Retry-After may ask for more)",
+        "longest retry delay (a 429's or 503's Retry-After may ask for more)",
     ),
     VarDoc::new(ENV_TIMEOUT, "5m", "time limit of one delivery"),
     VarDoc::new(
@@ -110,8 +127,12 @@ pub const VARS: &[VarDoc] = &[
     ),
     VarDoc::new(
         ENV_MAX_BODY,
-        "1MiB",
-        "largest event body (fields as JSON); larger entries are dead-lettered",
+        "10MiB",
+        "largest event body (fields as JSON), the wrapper's request limit; larger entries are dead-lettered",
+    ),
+    VarDoc::optional(
+        ENV_DEAD_LETTER_AT_ONCE,
+        "error classes and statuses dead-lettered without a retry, e.g. limit,400,422",
     ),
     VarDoc::new(
         ENV_DRAIN,
@@ -120,6 +141,53 @@ pub const VARS: &[VarDoc] = &[
     ),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
 ];
+
+/// Answers that retrying cannot fix, by the operator's word ([`ENV_DEAD_LETTER_AT_ONCE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AtOnce {
+    /// Error classes, lower case, from [`WRAPPER_ERROR_CLASSES`].
+    pub classes: Vec<String>,
+    /// Statuses, 300 to 599.
+    pub statuses: Vec<u16>,
+}
+
+impl AtOnce {
+    /// Whether an answer with `status` and the wrapper's `class` is dead-lettered at once.
+    pub fn matches(&self, status: u16, class: Option<&str>) -> bool {
+        self.statuses.contains(&status)
+            || class.is_some_and(|c| self.classes.iter().any(|k| k == c))
+    }
+}
+
+/// `limit,400,422`: classes and statuses, blanks around items ignored.
+fn parse_at_once(v: &str) -> Result<AtOnce, String> {
+    let mut out = AtOnce::default();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err("an empty item: expected error classes and statuses separated by commas, e.g. limit,400,422".to_string());
+        }
+        if item.bytes().all(|b| b.is_ascii_digit()) {
+            match item.parse::<u16>() {
+                Ok(s @ 300..=599) if item.len() == 3 => out.statuses.push(s),
+                _ => {
+                    return Err(format!(
+                        "{item:?} is not a status from 300 to 599 (a 2xx acknowledges the entry)"
+                    ))
+                }
+            }
+            continue;
+        }
+        let class = item.to_ascii_lowercase();
+        if !WRAPPER_ERROR_CLASSES.contains(&class.as_str()) {
+            return Err(format!(
+                "{item:?} is neither a status nor one of the wrapper's error classes ({})",
+                WRAPPER_ERROR_CLASSES.join(", ")
+            ));
+        }
+        out.classes.push(class);
+    }
+    Ok(out)
+}
 
 /// Where the consumer finds Redis.
 #[derive(Clone, PartialEq, Eq)]
@@ -192,6 +260,8 @@ pub struct Config {
     pub claim_idle: Duration,
     /// [`ENV_MAX_BODY`], in bytes.
     pub max_body: usize,
+    /// [`ENV_DEAD_LETTER_AT_ONCE`].
+    pub at_once: AtOnce,
     /// [`ENV_DRAIN`].
     pub drain: Duration,
     /// [`ENV_LOG`].
@@ -247,6 +317,7 @@ impl Config {
             Duration::from_millis(100)..=DAY,
         );
         let max_body = env.size_in(ENV_MAX_BODY, DEFAULT_MAX_BODY, MAX_BODY_RANGE) as usize;
+        let at_once = env.parse(ENV_DEAD_LETTER_AT_ONCE, AtOnce::default(), parse_at_once);
         let drain = env.duration_in(
             ENV_DRAIN,
             DEFAULT_DRAIN,
@@ -269,6 +340,7 @@ impl Config {
                 timeout,
                 claim_idle,
                 max_body,
+                at_once,
                 drain,
                 log_level,
             })
@@ -302,7 +374,8 @@ const REDIS_FORMS: &str =
     "expected redis://[user:password@]host:port[/db] or rediss://[user:password@]host:port[/db]";
 
 /// `redis://[user:password@]host[:port][/db]` or `rediss://…`; redis-rs parses it once more when
-/// connecting, and must accept what this accepts.
+/// connecting, and must accept what this accepts. No reason quotes a part of the URL: in a URL
+/// that is not what the operator meant, any part may be a piece of the password.
 pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     let (tls, rest) = if let Some(rest) = url.strip_prefix("redis://") {
         (false, rest)
@@ -311,27 +384,37 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     } else {
         return Err(REDIS_FORMS.to_string());
     };
-    if url.contains('#') {
+    // The credentials end at the last `@` (as the URL parser redis-rs uses reads them, and as
+    // [`redact`] cuts them off); a `/ ? #` before it would end the authority early and leave
+    // the rest of the password in the host or the path.
+    let (userinfo, location) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        return Err(format!(
+            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
+        ));
+    }
+    if location.contains('#') {
         // redis-rs reads `#insecure` as "do not verify the certificate": never from here.
         return Err(format!("a fragment (#…) is not allowed: {REDIS_FORMS}"));
     }
-    let (authority, path) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    let (host_port, path) = match location.find(['/', '?']) {
+        Some(i) => location.split_at(i),
+        None => (location, ""),
     };
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let (host, port) = split_host_port(host_port)?;
     if host.is_empty() {
         return Err(format!("no host: {REDIS_FORMS}"));
     }
     if let Some(p) = port {
-        runr_base::env::parse_port(p)?;
+        runr_base::env::parse_port(p)
+            .map_err(|_| format!("the port is not a number from 1 to 65535: {REDIS_FORMS}"))?;
     }
     let db = path.split('?').next().unwrap_or("").trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "the database {db:?} is not a number: {REDIS_FORMS}"
-        ));
+        return Err(format!("the database is not a number: {REDIS_FORMS}"));
     }
     if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url) {
         // Only the category: redis-rs's detail may quote the URL, password and all.
@@ -375,13 +458,21 @@ fn split_host_port(s: &str) -> Result<(&str, Option<&str>), String> {
     })
 }
 
-/// The URL with any `user:password@` replaced by `***@`.
+/// The URL with everything between `://` and its last `@` replaced by `***@`: the
+/// credentials of any URL redis-rs accepts, and whatever an operator meant as credentials in one
+/// it does not (a raw `/`, `?` or `#` in a password). Host, port and database stay.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".to_string();
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
+    let scheme_ok = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    if !scheme_ok {
+        return "<not a URL>".to_string();
+    }
+    match rest.rfind('@') {
         Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
         None => url.to_string(),
     }
@@ -463,6 +554,7 @@ pub fn error_lines(errors: &ConfigErrors) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use runr_base::env::{names_read, unlisted};
     use std::collections::HashMap;
 
@@ -510,7 +602,9 @@ mod tests {
         assert_eq!(c.backoff_max, Duration::from_secs(60));
         assert_eq!(c.timeout, Duration::from_secs(300));
         assert_eq!(c.claim_idle, Duration::from_secs(60));
-        assert_eq!(c.max_body, 1 << 20);
+        // The wrapper's request limit: what the function accepts, the queue delivers.
+        assert_eq!(c.max_body, 10 << 20);
+        assert_eq!(c.at_once, AtOnce::default());
         assert_eq!(c.drain, Duration::from_secs(25));
         assert_eq!(c.log_level, tracing::Level::INFO);
         assert_eq!(c.dead_letter_stream(), "orders-dlq");
@@ -529,6 +623,7 @@ mod tests {
             (ENV_TIMEOUT, "10s"),
             (ENV_CLAIM_IDLE, "1s"),
             (ENV_MAX_BODY, "64KiB"),
+            (ENV_DEAD_LETTER_AT_ONCE, " limit, 400 ,422,Crash"),
             (ENV_DRAIN, "0"),
             (ENV_LOG, "debug"),
         ]))
@@ -552,6 +647,13 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(10));
         assert_eq!(c.claim_idle, Duration::from_secs(1));
         assert_eq!(c.max_body, 64 << 10);
+        assert_eq!(
+            c.at_once,
+            AtOnce {
+                classes: vec!["limit".into(), "crash".into()],
+                statuses: vec![400, 422],
+            }
+        );
         assert_eq!(c.drain, Duration::ZERO);
         assert_eq!(c.log_level, tracing::Level::DEBUG);
     }
@@ -569,6 +671,7 @@ mod tests {
             (ENV_TIMEOUT, "soon"),
             (ENV_CLAIM_IDLE, "10ms"),
             (ENV_MAX_BODY, "100"),
+            (ENV_DEAD_LETTER_AT_ONCE, "limit,limt"),
             (ENV_DRAIN, "2h"),
             (ENV_LOG, "loud"),
         ])
@@ -587,12 +690,13 @@ mod tests {
                 ENV_TIMEOUT,
                 ENV_CLAIM_IDLE,
                 ENV_MAX_BODY,
+                ENV_DEAD_LETTER_AT_ONCE,
                 ENV_DRAIN,
                 ENV_LOG,
             ]
         );
         let lines = error_lines(&errors);
-        assert_eq!(lines.len(), 13);
+        assert_eq!(lines.len(), 14);
         // The password never shows, not even in the error about the URL it is in.
         assert!(lines.iter().all(|l| !l.contains("hunter2")), "{lines:?}");
         assert!(
@@ -677,7 +781,193 @@ mod tests {
         }
         assert_eq!(redact("redis://a:b@h:1/2"), "redis://***@h:1/2");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("redis://h:1/x@y"), "redis://h:1/x@y");
+        // An `@` anywhere: everything before it may be a credential.
+        assert_eq!(redact("redis://h:1/x@y"), "redis://***@y");
+        assert_eq!(
+            redact("redis://user:se/Zq9@host:6379"),
+            "redis://***@host:6379"
+        );
+        assert_eq!(redact("u:pw@redis://host"), "<not a URL>");
+    }
+
+    #[test]
+    fn dead_letter_at_once_lists() {
+        let p = |v: &str| parse_at_once(v);
+        assert_eq!(
+            p("limit").unwrap(),
+            AtOnce {
+                classes: vec!["limit".into()],
+                statuses: vec![]
+            }
+        );
+        assert_eq!(p("599,300").unwrap().statuses, [599, 300]);
+        for class in WRAPPER_ERROR_CLASSES {
+            assert_eq!(p(class).unwrap().classes, [class.to_string()]);
+        }
+        for (bad, reason) in [
+            ("limit,", "an empty item"),
+            (",limit", "an empty item"),
+            ("200", "not a status from 300 to 599"),
+            ("204", "a 2xx acknowledges"),
+            ("99", "not a status"),
+            ("600", "not a status"),
+            ("0400", "not a status"),
+            ("99999", "not a status"),
+            (
+                "limt",
+                "neither a status nor one of the wrapper's error classes (timeout, crash",
+            ),
+            // The consumer's own words for no answer are not the wrapper's classes.
+            ("unreachable", "neither a status"),
+            ("limit 400", "neither a status"),
+        ] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains(reason), "{bad:?}: {e}");
+        }
+        let errors = parse(&with(&[(ENV_DEAD_LETTER_AT_ONCE, "413,nope")])).unwrap_err();
+        assert_eq!(errors.names(), [ENV_DEAD_LETTER_AT_ONCE]);
+        assert!(
+            errors
+                .to_string()
+                .starts_with(r#"RUNR_QUEUE_DEAD_LETTER_AT_ONCE="413,nope": "nope" is neither"#),
+            "{errors}"
+        );
+    }
+
+    /// A password or user name: the characters that end a URL's parts early, percent escapes
+    /// (valid, broken, not UTF-8), and words of letters that appear in no host, scheme or
+    /// message, so a leak of any part of it can be found.
+    fn credential() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("/".to_string()),
+            Just("#".to_string()),
+            Just("?".to_string()),
+            Just("@".to_string()),
+            Just(":".to_string()),
+            Just("%2F".to_string()),
+            Just("%40".to_string()),
+            Just("%3A".to_string()),
+            Just("%23".to_string()),
+            Just("%3F".to_string()),
+            Just("%25".to_string()),
+            Just("%".to_string()),
+            Just("%ZZ".to_string()),
+            Just("%FF".to_string()),
+            Just(" ".to_string()),
+            Just("é".to_string()),
+            "[XZJVW][XZJVW0-9]{3,6}",
+        ];
+        proptest::collection::vec(piece, 1..8).prop_map(|p| p.concat())
+    }
+
+    /// The secret words of a credential from [`credential`].
+    fn words(s: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut word = String::new();
+        for c in s.chars().chain(std::iter::once(' ')) {
+            if "XZJVW0123456789".contains(c) && !(word.is_empty() && c.is_ascii_digit()) {
+                word.push(c);
+            } else {
+                if word.len() >= 4 {
+                    out.push(std::mem::take(&mut word));
+                }
+                word.clear();
+            }
+        }
+        out
+    }
+
+    /// Every byte but the unreserved ones as `%XX`: what an operator should write.
+    fn encode(s: &str) -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    /// Everything the binary could print about a URL: the configuration errors, or the
+    /// configuration itself (its `Debug`, which logs use, and the display of the URL).
+    fn printed(url: &str) -> String {
+        let mut vars: HashMap<String, String> = GOOD
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.insert(ENV_REDIS_URL.into(), url.into());
+        match Config::from_lookup(&move |n: &str| vars.get(n).cloned()) {
+            Ok(c) => format!("{c:?}\n{}", c.redis.display),
+            Err(e) => error_lines(&e).join("\n"),
+        }
+    }
+
+    proptest! {
+        /// A password never shows, whatever it holds and however the URL around it is
+        /// written; written as it should be (percent-encoded), the URL is accepted and its
+        /// display keeps host, port and database.
+        #[test]
+        fn no_password_is_ever_printed(
+            user in proptest::option::of(credential()),
+            password in credential(),
+            tls in any::<bool>(),
+            host in prop_oneof![Just("localhost"), Just("10.0.0.1"), Just("[::1]"), Just("redis.example")],
+            port in proptest::option::of(1u16..=65535),
+            db in proptest::option::of(0u32..16),
+        ) {
+            let scheme = if tls { "rediss" } else { "redis" };
+            let location = format!(
+                "{host}{}{}",
+                port.map(|p| format!(":{p}")).unwrap_or_default(),
+                db.map(|d| format!("/{d}")).unwrap_or_default(),
+            );
+            let secret_words: Vec<String> = words(&password)
+                .into_iter()
+                .chain(user.as_deref().map(words).unwrap_or_default())
+                .collect();
+            let user_raw = user.clone().unwrap_or_default();
+            let raw = format!("{scheme}://{user_raw}:{password}@{location}");
+            let encoded = format!(
+                "{scheme}://{}:{}@{location}",
+                encode(&user_raw),
+                encode(&password)
+            );
+            for url in [&raw, &encoded] {
+                let out = printed(url);
+                for w in &secret_words {
+                    prop_assert!(!out.contains(w.as_str()), "{w:?} of {url:?} printed: {out}");
+                }
+            }
+            let good = parse_redis_url(&encoded);
+            prop_assert!(good.is_ok(), "{encoded:?}: {:?}", good.err());
+            prop_assert_eq!(good.unwrap().display, format!("{scheme}://***@{location}"));
+        }
+
+        /// Any text at all: the display is the URL without anything before its last `@`.
+        #[test]
+        fn redact_keeps_only_what_follows_the_last_at(url in "\\PC{0,40}") {
+            let shown = redact(&url);
+            if shown != "<not a URL>" {
+                match url.rfind('@') {
+                    Some(at) => {
+                        let tail = format!("://***@{}", &url[at + 1..]);
+                        prop_assert!(shown.ends_with(&tail), "{:?} shown as {:?}", url, shown);
+                    }
+                    None => prop_assert_eq!(&shown, &url),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_issues_password_with_a_slash() {
+        let out = printed("redis://user:se/Zq9@host:6379");
+        assert!(!out.contains("se/Zq9") && !out.contains("Zq9"), "{out}");
+        assert!(out.contains(r#"="redis://***@host:6379": the user name or password holds a raw / ? or #: percent-encode them"#), "{out}");
+        let ok = parse_redis_url("redis://user:se%2FZq9@host:6379/3").unwrap();
+        assert_eq!(ok.display, "redis://***@host:6379/3");
     }
 
     #[test]

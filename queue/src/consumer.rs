@@ -28,9 +28,9 @@ use tokio::time::Instant;
 use crate::answer::Verdict;
 use crate::backoff::{random, retry_delay};
 use crate::config::Config;
-use crate::deliver::{Event, Http, Sent};
+use crate::deliver::{AnswerBody, Event, Http, Sent};
 use crate::event;
-use crate::store::{Entry, Reader, Store, StoreError, READ_BLOCK};
+use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
 
 /// How the consumer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,8 +106,9 @@ pub async fn run(
             return Ended::Stopped { drained: true };
         }
     };
-    if let Err(m) = created {
-        return Ended::Fatal(m);
+    if let Err(r) = created {
+        log_refusal(&r);
+        return Ended::Fatal(r.to_string());
     }
     let c = &ctx.config;
     tracing::info!(
@@ -140,7 +141,7 @@ pub async fn run(
             drain = %runr_base::env::display_duration(ctx.config.drain),
             "stopping: no more reads; deliveries in flight may finish"
         ),
-        Ok(m) => tracing::error!(error = %m, "redis refused us: stopping"),
+        Ok(r) => log_refusal(r),
     }
     // A read blocked in Redis ends now instead of after READ_BLOCK; what it returned anyway is
     // delivered like any other entry in hand.
@@ -180,8 +181,18 @@ pub async fn run(
     }
     match ended_by {
         Err(_) => Ended::Stopped { drained },
-        Ok(m) => Ended::Fatal(m),
+        Ok(r) => Ended::Fatal(r.to_string()),
     }
+}
+
+/// The line that says which command Redis refused, on which key, and why.
+fn log_refusal(r: &Refusal) {
+    tracing::error!(
+        command = %r.command,
+        key = %r.key,
+        error = %r.error,
+        "redis refused a command: stopping; entries in hand stay pending"
+    );
 }
 
 impl Ctx {
@@ -462,7 +473,10 @@ impl Ctx {
                 match recorded {
                     Ok(true) => {}
                     Ok(false) => held.lost.store(true, Ordering::Relaxed),
-                    Err(_) => return,
+                    Err(_) => {
+                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
                 }
             }
             if held.lost.load(Ordering::Relaxed) {
@@ -476,14 +490,19 @@ impl Ctx {
                 body: body.clone(),
             };
             let sent = self.http.send(&event, self.config.timeout).await;
-            let (verdict, status, class, detail) = match sent {
-                Sent::Answered { answer, snippet } => {
-                    (answer.verdict(), answer.status, answer.error_class, snippet)
-                }
+            let (verdict, status, class, body, detail) = match sent {
+                Sent::Answered { answer, body } => (
+                    answer.verdict(&self.config.at_once),
+                    answer.status,
+                    answer.error_class,
+                    Some(body),
+                    String::new(),
+                ),
                 Sent::TimedOut => (
                     Verdict::Retry { floor: None },
                     0,
                     Some("timeout".to_string()),
+                    None,
                     format!(
                         "no answer within {}",
                         runr_base::env::display_duration(self.config.timeout)
@@ -493,17 +512,29 @@ impl Ctx {
                     Verdict::Retry { floor: None },
                     0,
                     Some("unreachable".to_string()),
+                    None,
                     e,
                 ),
             };
+            if verdict == Verdict::Done {
+                // Acknowledged as soon as the head said 2xx: the body is read meanwhile, with a
+                // bound of its own, only for the log line and the connection.
+                let (acked, answer) = tokio::join!(
+                    self.store.retry(|| self.store.ack(id)),
+                    self.finish(body, detail)
+                );
+                tracing::debug!(id, attempt, status, answer = %answer, "delivered");
+                let counter = match acked {
+                    Ok(()) => &self.counts.delivered,
+                    // Redis refused the ack for good: pending, for whoever may ack it.
+                    Err(_) => &self.counts.left_pending,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let detail = self.finish(body, detail).await;
             match verdict {
-                Verdict::Done => {
-                    tracing::debug!(id, attempt, status, answer = %detail, "delivered");
-                    if self.store.retry(|| self.store.ack(id)).await.is_ok() {
-                        self.counts.delivered.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return;
-                }
+                Verdict::Done => return,
                 Verdict::DeadLetter => {
                     self.dead_letter(id, fields, attempt, status, class.as_deref())
                         .await;
@@ -551,6 +582,14 @@ impl Ctx {
         }
     }
 
+    /// The start of the answer's body (read with its bounds), or `detail` when there was none.
+    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> String {
+        match body {
+            Some(b) => self.http.finish(b).await,
+            None => detail,
+        }
+    }
+
     /// Moves the entry to the dead-letter stream with what became of it.
     async fn dead_letter(
         &self,
@@ -570,12 +609,14 @@ impl Ctx {
             ),
             ("runr-id", id.to_string()),
         ];
-        if self
+        let moved = self
             .store
             .retry(|| self.store.dead_letter(id, fields, &extra))
-            .await
-            .is_ok()
-        {
+            .await;
+        if moved.is_err() {
+            // Refused for good (the consumer is stopping): the entry stays pending as it is.
+            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+        } else {
             self.counts.dead_lettered.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 id,

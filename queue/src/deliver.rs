@@ -1,5 +1,9 @@
 //! One delivery: the CloudEvent POSTed over HTTP/1.1 to the function, over a small pool of
 //! keep-alive connections (at most one idle connection per concurrent delivery).
+//!
+//! The answer's status line and headers decide the entry's fate; its body matters only for the
+//! log line and to reuse the connection, so [`Http::finish`] reads it with a bound of bytes and
+//! time, and a body that passes either is dropped with its connection.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -10,7 +14,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use crate::answer::Answer;
 use crate::config::Target;
@@ -21,6 +24,9 @@ const SNIPPET: usize = 256;
 /// Bytes of an answer's body read (and thrown away) so the connection can carry the next
 /// event; past this the connection is closed instead.
 const DRAIN_LIMIT: usize = 1 << 20;
+/// How long the rest of an answer's body may take once its head arrived; past this the
+/// connection is closed instead. Short: the entry's slot waits for it (the ack does not).
+pub(crate) const BODY_WAIT: Duration = Duration::from_secs(1);
 
 /// One event to send.
 pub(crate) struct Event<'a> {
@@ -37,8 +43,9 @@ pub(crate) struct Event<'a> {
 /// How one delivery went.
 #[derive(Debug)]
 pub(crate) enum Sent {
-    /// The function answered; `snippet` is the start of its body, for logs.
-    Answered { answer: Answer, snippet: String },
+    /// The function answered with a status line and headers; its body is still to be read
+    /// ([`Http::finish`]).
+    Answered { answer: Answer, body: AnswerBody },
     /// No status line and headers within the delivery timeout.
     TimedOut,
     /// No answer: the connection failed (refused, reset, not HTTP).
@@ -54,6 +61,18 @@ struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The body of an answer whose head arrived, and the connection it arrives on.
+pub(crate) struct AnswerBody {
+    conn: Conn,
+    body: hyper::body::Incoming,
+}
+
+impl std::fmt::Debug for AnswerBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerBody")
     }
 }
 
@@ -82,8 +101,7 @@ impl Http {
 
     /// Sends `event`; the function has `timeout` to answer with a status line and headers.
     pub(crate) async fn send(&self, event: &Event<'_>, timeout: Duration) -> Sent {
-        let deadline = Instant::now() + timeout;
-        let head = tokio::time::timeout_at(deadline, self.head(event)).await;
+        let head = tokio::time::timeout(timeout, self.head(event)).await;
         let (conn, response) = match head {
             Err(_) => return Sent::TimedOut,
             Ok(Err(e)) => return Sent::Failed(e),
@@ -94,10 +112,21 @@ impl Http {
             response.headers(),
             SystemTime::now(),
         );
-        // The status decided the outcome; the body is read only to reuse the connection, and
-        // only while the delivery's time lasts.
-        let body = tokio::time::timeout_at(deadline, drain(response.into_body())).await;
-        let snippet = match body {
+        Sent::Answered {
+            answer,
+            body: AnswerBody {
+                conn,
+                body: response.into_body(),
+            },
+        }
+    }
+
+    /// Reads the rest of an answer, at most [`DRAIN_LIMIT`] bytes within [`BODY_WAIT`], and
+    /// returns its first bytes for the log line; the connection goes back to the pool only when
+    /// the body was read to its end.
+    pub(crate) async fn finish(&self, body: AnswerBody) -> String {
+        let AnswerBody { conn, body } = body;
+        match tokio::time::timeout(BODY_WAIT, drain(body)).await {
             Ok(Ok(snippet)) => {
                 let mut idle = self.idle();
                 if idle.len() < self.max_idle && !conn.send.is_closed() {
@@ -106,9 +135,11 @@ impl Http {
                 snippet
             }
             Ok(Err(why)) => format!("<body not read: {why}>"),
-            Err(_) => "<body not read: timed out>".to_string(),
-        };
-        Sent::Answered { answer, snippet }
+            Err(_) => format!(
+                "<body not read: not complete within {}>",
+                runr_base::env::display_duration(BODY_WAIT)
+            ),
+        }
     }
 
     /// A response's head over a pooled connection, or a new one. A pooled connection the

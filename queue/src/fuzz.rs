@@ -14,7 +14,7 @@ pub fn event_time(id: &str) -> Option<String> {
     crate::event::time_of_id(id)
 }
 
-/// A 503's `Retry-After` as a wait from `now`, and its ceiling.
+/// A 429's or 503's `Retry-After` as a wait from `now`, and its ceiling.
 pub fn retry_after(value: &[u8], now: SystemTime) -> (Option<Duration>, Duration) {
     (
         crate::answer::parse_retry_after(value, now),

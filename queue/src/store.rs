@@ -43,6 +43,33 @@ pub(crate) struct Entry {
     pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
+/// A command as the line about its refusal names it: `XADD orders-dlq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Op<'a> {
+    /// The command (`XREADGROUP`, `XGROUP CREATE`, `AUTH` while connecting…).
+    pub command: &'static str,
+    /// The key it works on; empty for commands on no key.
+    pub key: &'a str,
+}
+
+/// Redis refused a command for good: which one, on which key, and what Redis said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub command: String,
+    pub key: String,
+    pub error: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.command, self.error)
+        } else {
+            write!(f, "{} {}: {}", self.command, self.key, self.error)
+        }
+    }
+}
+
 /// How an operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum StoreError {
@@ -55,23 +82,102 @@ pub(crate) enum StoreError {
     NoGroup,
     /// Waiting cannot help: wrong credentials, no permission, the key is not a stream.
     #[error("{0}")]
-    Fatal(String),
+    Fatal(Refusal),
+}
+
+/// Error codes that waiting cannot change: credentials (`WRONGPASS`, `NOAUTH`), an ACL that
+/// forbids the command or the key (`NOPERM`), a key of another type (`WRONGTYPE`).
+fn fatal_code(code: &str) -> bool {
+    matches!(code, "WRONGTYPE" | "NOPERM" | "WRONGPASS" | "NOAUTH")
 }
 
 impl StoreError {
-    fn from_redis(e: &redis::RedisError) -> StoreError {
-        let text = runr_base::fmt::error_chain(e);
-        match e.code() {
+    /// What `e`, the answer to `op`, means for us.
+    fn from_redis(e: &redis::RedisError, op: Op<'_>) -> StoreError {
+        Self::classify(e.code(), e, op)
+    }
+
+    fn classify(code: Option<&str>, e: &redis::RedisError, op: Op<'_>) -> StoreError {
+        let text = error_text(e);
+        match code {
             // UNBLOCKED: a read blocked on a stream that was deleted meanwhile.
             Some("NOGROUP" | "UNBLOCKED") => StoreError::NoGroup,
-            Some("WRONGTYPE" | "NOPERM" | "WRONGPASS" | "NOAUTH") => StoreError::Fatal(text),
-            _ if e.kind() == redis::ErrorKind::AuthenticationFailed => StoreError::Fatal(text),
+            Some(c) if fatal_code(c) => StoreError::fatal(op, text),
+            _ if e.kind() == redis::ErrorKind::AuthenticationFailed => StoreError::fatal(op, text),
             _ => StoreError::Unavailable(text),
         }
     }
 
+    /// What `e`, the answer to `MULTI; ops…; EXEC`, means: Redis refuses a transaction as a
+    /// whole (`EXECABORT`) when it refused one of its commands as it was queued; that command's
+    /// own error decides, and the refusal names it.
+    fn from_transaction(e: &redis::RedisError, ops: &[Op<'_>]) -> StoreError {
+        let first = e
+            .clone()
+            .into_server_errors()
+            .and_then(|errors| errors.first().cloned());
+        let Some((index, error)) = first else {
+            let op = ops.first().copied().unwrap_or(Op {
+                command: "EXEC",
+                key: "",
+            });
+            return Self::from_redis(e, op);
+        };
+        let op = ops.get(index).copied().unwrap_or(Op {
+            command: "EXEC",
+            key: "",
+        });
+        let code = error.code().to_string();
+        match code.as_str() {
+            "NOGROUP" => StoreError::NoGroup,
+            c if fatal_code(c) => StoreError::fatal(
+                Op {
+                    command: op.command,
+                    key: op.key,
+                },
+                format!("{} (in MULTI/EXEC)", server_error_text(&error)),
+            ),
+            _ => StoreError::Unavailable(format!(
+                "{} {} in MULTI/EXEC: {}",
+                op.command,
+                op.key,
+                server_error_text(&error)
+            )),
+        }
+    }
+
+    fn fatal(op: Op<'_>, error: String) -> StoreError {
+        StoreError::Fatal(Refusal {
+            command: op.command.to_string(),
+            key: op.key.to_string(),
+            error,
+        })
+    }
+
     fn reply(command: &str, why: &str) -> StoreError {
         StoreError::Unavailable(format!("unexpected reply to {command}: {why}"))
+    }
+}
+
+/// An error as Redis wrote it (`NOPERM this user has no permissions…`), not as redis-rs names
+/// its kinds; a refused `AUTH`, which redis-rs reports without Redis's code, as `WRONGPASS`
+/// (what Redis 6 and later answer for a user name or password it does not accept).
+fn error_text(e: &redis::RedisError) -> String {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return "WRONGPASS the user name or password is not accepted".to_string();
+    }
+    // A server error, alone or the first of a pipeline's.
+    match e.clone().into_server_errors() {
+        Some(errors) if !errors.is_empty() => server_error_text(&errors[0].1),
+        _ => runr_base::fmt::error_chain(e),
+    }
+}
+
+/// `NOPERM this user has no permissions…`: the code and the server's words, as Redis sent them.
+fn server_error_text(e: &redis::ServerError) -> String {
+    match e.details() {
+        Some(d) => format!("{} {d}", e.code()),
+        None => e.code().to_string(),
     }
 }
 
@@ -168,8 +274,14 @@ pub(crate) struct Store {
     pub dead_letters: String,
     pub health: Health,
     /// Set once by the first fatal error; the consumer stops on it.
-    fatal: tokio::sync::watch::Sender<Option<String>>,
+    fatal: tokio::sync::watch::Sender<Option<Refusal>>,
 }
+
+/// Connecting: the `AUTH` (and `SELECT`) redis-rs sends on a new connection.
+const CONNECT: Op<'static> = Op {
+    command: "AUTH",
+    key: "",
+};
 
 impl Store {
     /// A store for `config`; nothing is connected yet.
@@ -189,7 +301,15 @@ impl Store {
         } else {
             redis::Client::open(config.redis.secret())
         }
-        .map_err(|e| StoreError::Fatal(format!("cannot use the Redis URL: {}", e.category())))?;
+        .map_err(|e| {
+            StoreError::fatal(
+                Op {
+                    command: "connect",
+                    key: "",
+                },
+                format!("cannot use the Redis URL: {}", e.category()),
+            )
+        })?;
         let (fatal, _) = tokio::sync::watch::channel(None);
         Ok(Store {
             client,
@@ -208,8 +328,8 @@ impl Store {
         })
     }
 
-    /// Resolves with the first fatal error's text.
-    pub(crate) fn fatal(&self) -> impl Future<Output = String> + Send + 'static {
+    /// Resolves with the first fatal error.
+    pub(crate) fn fatal(&self) -> impl Future<Output = Refusal> + Send + 'static {
         let mut rx = self.fatal.subscribe();
         async move {
             loop {
@@ -246,7 +366,7 @@ impl Store {
                 Ok((generation, conn))
             }
             Err(e) => {
-                let err = StoreError::from_redis(&e);
+                let err = StoreError::from_redis(&e, CONNECT);
                 self.note(&err);
                 Err(err)
             }
@@ -270,9 +390,10 @@ impl Store {
         }
     }
 
-    /// Runs one command (or pipeline) on the command connection.
+    /// Runs one command (or pipeline) on the command connection; `classify` reads its errors.
     async fn run<T>(
         &self,
+        classify: impl FnOnce(&redis::RedisError) -> StoreError,
         send: impl for<'c> FnOnce(
             &'c mut MultiplexedConnection,
         ) -> std::pin::Pin<
@@ -292,21 +413,24 @@ impl Store {
                         *link = None;
                     }
                 }
-                let err = StoreError::from_redis(&e);
+                let err = classify(&e);
                 self.note(&err);
                 Err(err)
             }
         }
     }
 
-    async fn query(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
-        self.run(move |c| Box::pin(async move { cmd.query_async::<Value>(c).await }))
-            .await
+    async fn query(&self, op: Op<'_>, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        self.run(
+            |e| StoreError::from_redis(e, op),
+            move |c| Box::pin(async move { cmd.query_async::<Value>(c).await }),
+        )
+        .await
     }
 
     /// Runs `op` until it succeeds, waiting out unavailability with backoff and creating the
     /// group again when it is gone. `Err` only for a fatal error (the consumer then stops).
-    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, String>
+    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, Refusal>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
@@ -339,7 +463,7 @@ impl Store {
     }
 
     /// The group again, after an operation found it gone.
-    pub(crate) async fn recreate_group(&self) -> Result<(), String> {
+    pub(crate) async fn recreate_group(&self) -> Result<(), Refusal> {
         self.retry(|| self.create_group()).await?;
         self.log_recreated();
         Ok(())
@@ -353,6 +477,14 @@ impl Store {
         );
     }
 
+    /// `command` on the stream.
+    fn op(&self, command: &'static str) -> Op<'_> {
+        Op {
+            command,
+            key: &self.stream,
+        }
+    }
+
     // === commands ===
 
     /// `XGROUP CREATE <stream> <group> $ MKSTREAM`; an existing group is fine.
@@ -363,14 +495,21 @@ impl Store {
             .arg(&self.group)
             .arg("$")
             .arg("MKSTREAM");
-        self.run(move |c| {
-            Box::pin(async move {
-                match cmd.query_async::<Value>(c).await {
-                    Err(e) if e.code() == Some("BUSYGROUP") => Ok(Value::Okay),
-                    other => other,
-                }
-            })
-        })
+        let op = Op {
+            command: "XGROUP CREATE",
+            key: &self.stream,
+        };
+        self.run(
+            |e| StoreError::from_redis(e, op),
+            move |c| {
+                Box::pin(async move {
+                    match cmd.query_async::<Value>(c).await {
+                        Err(e) if e.code() == Some("BUSYGROUP") => Ok(Value::Okay),
+                        other => other,
+                    }
+                })
+            },
+        )
         .await
         .map(drop)
     }
@@ -390,8 +529,15 @@ impl Store {
                 .arg(1);
         }
         let n = ids.len();
+        let op = Op {
+            command: "XPENDING",
+            key: &self.stream,
+        };
         let replies: Vec<Value> = self
-            .run(move |c| Box::pin(async move { pipe.query_async::<Vec<Value>>(c).await }))
+            .run(
+                |e| StoreError::from_redis(e, op),
+                move |c| Box::pin(async move { pipe.query_async::<Vec<Value>>(c).await }),
+            )
             .await?;
         if replies.len() != n {
             return Err(StoreError::reply("XPENDING", "wrong number of replies"));
@@ -415,7 +561,7 @@ impl Store {
             .arg(cursor)
             .arg("COUNT")
             .arg(count);
-        let reply = self.query(cmd).await?;
+        let reply = self.query(self.op("XAUTOCLAIM"), cmd).await?;
         parse_autoclaim(reply)
     }
 
@@ -431,7 +577,7 @@ impl Store {
             .arg("RETRYCOUNT")
             .arg(attempt)
             .arg("JUSTID");
-        let reply = self.query(cmd).await?;
+        let reply = self.query(self.op("XCLAIM"), cmd).await?;
         Ok(!parse_ids(&reply, "XCLAIM")?.is_empty())
     }
 
@@ -445,7 +591,7 @@ impl Store {
             .arg(0)
             .arg(ids)
             .arg("JUSTID");
-        let reply = self.query(cmd).await?;
+        let reply = self.query(self.op("XCLAIM"), cmd).await?;
         parse_ids(&reply, "XCLAIM")
     }
 
@@ -453,7 +599,7 @@ impl Store {
     pub(crate) async fn ack(&self, id: &str) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("XACK");
         cmd.arg(&self.stream).arg(&self.group).arg(id);
-        self.query(cmd).await.map(drop)
+        self.query(self.op("XACK"), cmd).await.map(drop)
     }
 
     /// `MULTI; XADD <stream>-dlq * <fields> <extra>; XACK; EXEC`: moved and acknowledged as one,
@@ -474,16 +620,30 @@ impl Store {
             add.arg(*name).arg(value);
         }
         pipe.cmd("XACK").arg(&self.stream).arg(&self.group).arg(id);
-        self.run(move |c| Box::pin(async move { pipe.query_async::<Value>(c).await }))
-            .await
-            .map(drop)
+        let ops = [
+            Op {
+                command: "XADD",
+                key: &self.dead_letters,
+            },
+            self.op("XACK"),
+        ];
+        self.run(
+            |e| StoreError::from_transaction(e, &ops),
+            move |c| Box::pin(async move { pipe.query_async::<Value>(c).await }),
+        )
+        .await
+        .map(drop)
     }
 
     /// `CLIENT UNBLOCK <id>`: ends the reader's blocking read now (at shutdown).
     pub(crate) async fn unblock(&self, client_id: i64) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("CLIENT");
         cmd.arg("UNBLOCK").arg(client_id);
-        self.query(cmd).await.map(drop)
+        let op = Op {
+            command: "CLIENT UNBLOCK",
+            key: "",
+        };
+        self.query(op, cmd).await.map(drop)
     }
 
     // === the reader's own connection ===
@@ -493,24 +653,30 @@ impl Store {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(READ_BLOCK + RESPONSE_TIMEOUT));
+        let id_op = Op {
+            command: "CLIENT ID",
+            key: "",
+        };
         let result = async {
             let mut conn = self
                 .client
                 .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+                .await
+                .map_err(|e| (e, CONNECT))?;
             let id: i64 = redis::cmd("CLIENT")
                 .arg("ID")
                 .query_async(&mut conn)
-                .await?;
-            Ok::<_, redis::RedisError>(Reader {
+                .await
+                .map_err(|e| (e, id_op))?;
+            Ok::<_, (redis::RedisError, Op<'_>)>(Reader {
                 conn,
                 client_id: id,
                 broken: false,
             })
         }
         .await;
-        result.map_err(|e| {
-            let err = StoreError::from_redis(&e);
+        result.map_err(|(e, op)| {
+            let err = StoreError::from_redis(&e, op);
             self.note(&err);
             err
         })
@@ -544,7 +710,7 @@ impl Store {
                 if breaks_connection(&e) {
                     reader.broken = true;
                 }
-                let err = StoreError::from_redis(&e);
+                let err = StoreError::from_redis(&e, self.op("XREADGROUP"));
                 self.note(&err);
                 Err(err)
             }

@@ -7,14 +7,17 @@ use crate::support::*;
 fn max_in_flight(concurrency: usize, entries: usize) -> (usize, Vec<String>, Vec<String>) {
     let dir = tmp();
     let redis = Redis::start();
-    let receiver = Receiver::start(dir.path(), &["--sleep", "0.2"]);
+    // The first `concurrency` deliveries wait until that many are in flight together (the
+    // bound is reached however slow the machine is); the rest take 0.2 s each, so more would
+    // show if the bound let them through.
+    let n = concurrency.to_string();
+    let receiver = Receiver::start(dir.path(), &["--barrier", &n, "--sleep", "0.2"]);
     create_group(&redis);
     // Every entry is there before the consumer starts, so it could take them all at once.
     let mut conn = redis.conn();
     let ids: Vec<String> = (0..entries)
         .map(|i| conn.xadd(STREAM, &[("n", &i.to_string())]))
         .collect();
-    let n = concurrency.to_string();
     let mut c = Consumer::start(
         dir.path(),
         "c1",

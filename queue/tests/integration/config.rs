@@ -30,6 +30,7 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
             ("RUNR_QUEUE_TARGET", "ftp://fn"),
             ("RUNR_QUEUE_CONCURRENCY", "0"),
             ("RUNR_QUEUE_BACKOFF", "fast"),
+            ("RUNR_QUEUE_DEAD_LETTER_AT_ONCE", "limit,200"),
             ("RUNR_QUEUE_LOG", "loud"),
         ],
         &[],
@@ -45,6 +46,7 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
         "RUNR_QUEUE_TARGET",
         "RUNR_QUEUE_CONCURRENCY",
         "RUNR_QUEUE_BACKOFF",
+        "RUNR_QUEUE_DEAD_LETTER_AT_ONCE",
         "RUNR_QUEUE_LOG",
     ];
     assert_eq!(lines.len(), names.len(), "{stderr}");
@@ -61,6 +63,38 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
         "{}",
         lines[2]
     );
+}
+
+#[test]
+fn a_password_holding_url_delimiters_is_never_printed() {
+    // The issue's URL, and passwords that end the authority, the path or the query early.
+    for (url, secret) in [
+        ("redis://user:se/Zq9@host:6379", "Zq9"),
+        ("redis://user:QX#7KP@host:6379/0", "QX#7KP"),
+        ("rediss://app:JV?3W9@host:6380", "JV?3W9"),
+        ("redis://:12/WZK4@host", "WZK4"),
+        ("redis://user:VX@J:9@host:6379/x", "VX@J"),
+    ] {
+        let (code, stdout, stderr) = run(
+            &[
+                ("RUNR_QUEUE_REDIS_URL", url),
+                ("RUNR_QUEUE_STREAM", "orders"),
+                ("RUNR_QUEUE_GROUP", "g"),
+                ("RUNR_QUEUE_CONSUMER", "c"),
+                ("RUNR_QUEUE_TARGET", "http://fn"),
+            ],
+            &[],
+        );
+        assert_eq!(code, 2, "{url}: {stderr}");
+        let printed = format!("{stdout}{stderr}");
+        assert!(!printed.contains(secret), "{url}: {printed}");
+        assert_eq!(printed.lines().count(), 1, "{printed}");
+        assert!(
+            printed.contains("RUNR_QUEUE_REDIS_URL=\"redis"),
+            "{printed}"
+        );
+        assert!(printed.contains("***@"), "{printed}");
+    }
 }
 
 #[test]

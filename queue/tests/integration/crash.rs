@@ -13,7 +13,8 @@ use crate::support::*;
 fn kill_9_mid_delivery_and_another_consumer_claims_everything() {
     let dir = tmp();
     let redis = Redis::start();
-    let receiver = Receiver::start(dir.path(), &["--sleep", "1.0"]);
+    let gate = Gate::closed(dir.path(), "held");
+    let receiver = Receiver::start(dir.path(), &["--hold-while", gate.arg()]);
     let env = |name: &str| {
         with(
             base_env(&redis, &receiver.url(), name),
@@ -28,7 +29,7 @@ fn kill_9_mid_delivery_and_another_consumer_claims_everything() {
     let ids: Vec<String> = (0..24)
         .map(|i| conn.xadd(STREAM, &[("n", &i.to_string())]))
         .collect();
-    // A has 4 deliveries in flight (the receiver holds each for a second): kill it now.
+    // A has 4 deliveries in flight, all held by the receiver: kill it now.
     receiver.wait_started(4);
     a.child.signal(Signal::SIGKILL);
     a.child.wait_timeout(LONG);
@@ -38,7 +39,8 @@ fn kill_9_mid_delivery_and_another_consumer_claims_everything() {
         .filter(|(_, consumer, _, _)| consumer == "a")
         .map(|(id, _, _, _)| id)
         .collect();
-    assert!(!in_flight_on_a.is_empty(), "A left nothing pending");
+    assert_eq!(in_flight_on_a.len(), 4, "A's slots: {in_flight_on_a:?}");
+    gate.open();
 
     let mut b = Consumer::start(dir.path(), "b", &env("b"));
     wait_all_acked(&redis, &receiver, &ids);
@@ -82,7 +84,8 @@ fn kill_9_mid_delivery_and_another_consumer_claims_everything() {
 fn a_restarted_consumer_re_reads_its_own_pending_entries_at_once() {
     let dir = tmp();
     let redis = Redis::start();
-    let receiver = Receiver::start(dir.path(), &["--sleep", "0.5"]);
+    let gate = Gate::closed(dir.path(), "held");
+    let receiver = Receiver::start(dir.path(), &["--hold-while", gate.arg()]);
     // A claim interval far away: only the re-read at start can deliver them quickly.
     let env = with(
         base_env(&redis, &receiver.url(), "same"),
@@ -100,6 +103,7 @@ fn a_restarted_consumer_re_reads_its_own_pending_entries_at_once() {
     first.child.signal(Signal::SIGKILL);
     first.child.wait_timeout(LONG);
     assert_eq!(conn.pending(STREAM, GROUP), 3);
+    gate.open();
 
     let mut again = Consumer::start(dir.path(), "again", &env);
     wait_all_acked(&redis, &receiver, &ids);
@@ -110,9 +114,8 @@ fn a_restarted_consumer_re_reads_its_own_pending_entries_at_once() {
         .map(|r| r["attempt"].as_u64().unwrap())
         .collect();
     assert_eq!(second, [2, 2, 2]);
-    assert!(again
-        .log()
-        .contains("re-read this consumer's own pending entries entries=3"));
+    // Logged once the re-read is over: when a slot is free for the next read.
+    again.wait_log("re-read this consumer's own pending entries entries=3");
     again.stop_cleanly();
 }
 
@@ -120,12 +123,14 @@ fn a_restarted_consumer_re_reads_its_own_pending_entries_at_once() {
 fn a_delivery_slower_than_the_claim_idle_time_is_not_taken_over() {
     let dir = tmp();
     let redis = Redis::start();
-    // Each delivery takes 3 s, six times the claim idle time.
-    let receiver = Receiver::start(dir.path(), &["--sleep", "3"]);
+    // Each delivery takes 8 s, well past the claim idle time. The heartbeat runs every
+    // CLAIM_IDLE/3: a consumer stalled for more than 2 s on a loaded machine would still lose
+    // an entry, so the margin is that, not a fraction of a second.
+    let receiver = Receiver::start(dir.path(), &["--sleep", "8"]);
     let env = |name: &str| {
         with(
             base_env(&redis, &receiver.url(), name),
-            &[("RUNR_QUEUE_CLAIM_IDLE", "500ms")],
+            &[("RUNR_QUEUE_CLAIM_IDLE", "3s")],
         )
     };
     let mut a = Consumer::start(dir.path(), "a", &env("a"));

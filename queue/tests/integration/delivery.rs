@@ -64,7 +64,7 @@ fn every_attribute_is_what_the_cloudevents_sdk_expects() {
     // Acknowledged: nothing pending, nothing dead-lettered, and the consumer says so.
     assert_eq!(conn.pending(STREAM, GROUP), 0);
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
-    let delivered = c.delivered();
+    let delivered = c.wait_delivered(ids.len());
     assert_eq!(delivered.len(), ids.len(), "{}", c.log());
     for (id, attempt, answer) in delivered {
         assert_eq!(attempt, 1);
