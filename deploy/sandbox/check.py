@@ -727,10 +727,12 @@ class Checks:
                             [("content-type", raw_content_type(body)), CORS], body)
         requests += drive(port, items, one)
 
-        # The per-invocation line carries the handler's peak RSS (wait4's ru_maxrss).
-        lines = [l for l in c.log() if " invocation " in l and "status=200" in l]
-        if len(lines) < len(items):
-            raise Failed(f"{len(lines)} invocation lines for {len(items)} invocations: {c.tail()}")
+        # The per-invocation line carries the handler's peak RSS (wait4's ru_maxrss). It is
+        # written once the answer is sent, so it may trail the answer.
+        def invocation_lines():
+            found = [l for l in c.log() if " invocation " in l and "status=200" in l]
+            return found if len(found) >= len(items) else None
+        lines = wait_until(f"{len(items)} invocation lines", invocation_lines, 30)
         rss = [int(m.group(1)) for l in lines for m in [re.search(r"peak_rss_kib=(\d+)", l)] if m]
         if len(rss) != len(lines) or min(rss) <= 0:
             raise Failed(f"peak_rss_kib missing or 0 in {len(lines) - len([r for r in rss if r > 0])} "
@@ -944,6 +946,8 @@ class Checks:
         c = self.start(self.bundle("not-pid1", ("busybox", {}),
                                    ["/bin/sh", "-c", "/runr/runr-wrapper; echo wrapper exited $?"],
                                    env, self.function_mounts(code)))
+        # Read up to the listening line: a subreaper warning comes before it.
+        c.wait_log(r" listening ")
         c.wait_http(port, headers={"K-Kubelet-Probe": "kube-probe/1.31"})
         wrapper = [p for p in c.ps() if p["args"] == "/runr/runr-wrapper"]
         if len(wrapper) != 1 or wrapper[0]["pid"] == 1:
