@@ -1229,10 +1229,11 @@ def main():
                     help="run only this check (and what it needs); repeatable")
     a = ap.parse_args()
     runtimes = a.runtime or os.environ.get("RUNR_SANDBOX_RUNTIMES", "runsc").split()
+    if not runtimes or set(runtimes) - {"runsc", "runc"}:
+        ap.error(f"RUNR_SANDBOX_RUNTIMES={' '.join(runtimes)!r}: runsc, runc or both")
 
     # check.sh's TERM/INT should still clean up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
-    work = tempfile.mkdtemp(prefix="runr-sandbox.")
     skipped = None
     made = []
     failed = []
@@ -1244,6 +1245,7 @@ def main():
     # What the others stand on: the installed wrapper; prewarm warms what upload pushed.
     wanted |= {"install"} | ({"upload"} if "prewarm" in wanted else set())
     checks = [c for c in CHECKS if c[0] in wanted]
+    work = tempfile.mkdtemp(prefix="runr-sandbox.")
     try:
         for tool, why in [("busybox", "busybox-static"), ("musl-gcc", "musl-tools"),
                           ("docker-registry", "docker-registry"), ("skopeo", "skopeo"),
