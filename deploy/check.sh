@@ -15,12 +15,16 @@
 #   8. the queue image delivers a stream entry from a redis-server on the host to an exec-mode
 #      function (the installed wrapper of step 5, a queue handler in the busybox image) and
 #      acknowledges it
-# Without an engine, steps 4-8 print one line each saying they were skipped; 1-3 still run.
+#   9. deploy/sandbox/check.py, with or without an engine: every binary as PID 1 of an OCI bundle
+#      under gVisor (runsc), and the same checks under runc; skipped with a line saying why where
+#      runsc cannot start a sandbox
+# Without an engine, steps 4-8 print one line each saying they were skipped; 1-3 and 9 still run.
 #
 # Environment: RUNR_CHECK_ARCHS="amd64 arm64" to choose the architectures (default: what
 # deploy/build.sh builds by default), RUNR_BUILD_LOCKED=0 to build without --locked,
 # RUNR_CHECK_PREBUILT=1 to check the binaries already in target/dist instead of building (for
-# working on this script; CI always builds).
+# working on this script; CI always builds), RUNR_SANDBOX_RUNTIMES="runsc" to leave out runc in
+# step 9 (default: runsc, and runc where installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNR_BUILD_LIB=1 source deploy/build.sh
@@ -514,6 +518,33 @@ EOF
   fi
   step_done
 fi
+
+# === 9. sandboxes ================================================================================
+# Its own script (deploy/sandbox/check.py: bundles, checks and what each proves); each of its
+# FAIL lines joins this summary.
+step "sandboxes: the release binaries as PID 1 under gVisor (runsc) and runc"
+if [[ " ${BUILT_ARCHS[*]} " != *" $HOST_ARCH "* ]]; then
+  skip "sandbox checks: no $HOST_ARCH binaries were built"
+else
+  runtimes=${RUNR_SANDBOX_RUNTIMES:-runsc runc}
+  if [[ " $runtimes " == *" runc "* ]] && [ -z "${RUNR_SANDBOX_RUNTIMES:-}" ] && ! command -v runc >/dev/null; then
+    skip "sandbox checks under runc, for comparison: runc is not installed (Debian: runc)"
+    runtimes=runsc
+  fi
+  sandbox_log="$WORK/sandbox.log"
+  code=0
+  RUNR_SANDBOX_RUNTIMES="$runtimes" deploy/sandbox/check.py --dist "$DIST/$HOST_ARCH" 2>&1 | tee "$sandbox_log" || code=$?
+  case $code in
+    0) ;;
+    3) skip "gVisor sandbox checks: $(sed -n 's/^\[sandbox\] skip: //p' "$sandbox_log" | head -n1)" ;;
+    *)
+      mapfile -t sandbox_failures < <(sed -n 's/^\[sandbox\] FAIL: //p' "$sandbox_log")
+      [ ${#sandbox_failures[@]} -gt 0 ] || sandbox_failures=("deploy/sandbox/check.py exited $code")
+      for f in "${sandbox_failures[@]}"; do fail "sandbox: ${f:0:400}"; done
+      ;;
+  esac
+fi
+step_done
 
 # === summary =======================================================================================
 printf '\n[check] timings (2 cores shared with whatever else runs):\n'

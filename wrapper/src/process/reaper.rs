@@ -191,10 +191,13 @@ pub fn adopt_orphans() {
         tracing::info!("running as PID 1: reaping orphaned processes");
         return;
     }
+    // gVisor (20221219) refuses PR_SET_CHILD_SUBREAPER with EINVAL to any process but PID 1.
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::warn!(
             error = %e,
-            "not PID 1 and cannot become a child subreaper: orphaned processes are left to init"
+            "not PID 1 and cannot become a child subreaper: processes a handler leaves behind \
+             go to the container's PID 1, and stay zombies holding the pod's pids unless it \
+             reaps them; make runr-wrapper the container's command to have them reaped"
         );
     }
 }
