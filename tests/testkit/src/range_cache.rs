@@ -401,8 +401,9 @@ fn get_blob(state: &Arc<State>, req: &Request, name: &str, digest: &str) -> Resp
 }
 
 /// Copies the upstream body to the client and to a temporary file; when the whole blob arrived
-/// with the right digest it becomes the stored copy (when stores are released, if held). A client that
-/// goes away does not stop the copy, as in a real cache.
+/// with the right digest it becomes the stored copy (when stores are released, if held) before
+/// the client gets the last piece, so a client that read the whole blob finds it stored. A
+/// client that goes away does not stop the copy, as in a real cache.
 fn fetch_and_store(
     state: &Arc<State>,
     mut upstream: Upstream,
@@ -418,6 +419,17 @@ fn fetch_and_store(
     let mut got = 0u64;
     let mut client_error: Option<io::Error> = None;
     let mut body = (&mut upstream.reader).take(len);
+    let mut to_client = |bytes: &[u8], client_error: &mut Option<io::Error>| {
+        if client_error.is_none() {
+            // Counted before the write, as above.
+            state.count(digest, |s| s.served_bytes += bytes.len() as u64);
+            if let Err(e) = w.write_all(bytes) {
+                state.count(digest, |s| s.served_bytes -= bytes.len() as u64);
+                *client_error = Some(e);
+            }
+        }
+    };
+    let mut last = 0;
     loop {
         let n = match body.read(&mut buf) {
             Ok(0) => break,
@@ -431,14 +443,11 @@ fn fetch_and_store(
         state.count(digest, |s| s.upstream_bytes += n as u64);
         hash.update(&buf[..n]);
         file.write_all(&buf[..n])?;
-        if client_error.is_none() {
-            // Counted before the write, as above.
-            state.count(digest, |s| s.served_bytes += n as u64);
-            if let Err(e) = w.write_all(&buf[..n]) {
-                state.count(digest, |s| s.served_bytes -= n as u64);
-                client_error = Some(e);
-            }
+        if got == len {
+            last = n;
+            break;
         }
+        to_client(&buf[..n], &mut client_error);
     }
     drop(file);
     let actual: String = hash
@@ -452,6 +461,7 @@ fn fetch_and_store(
     } else {
         let _ = std::fs::remove_file(&tmp);
     }
+    to_client(&buf[..last], &mut client_error);
     match client_error {
         Some(e) => Err(e),
         None if got < len => Err(io::Error::new(
