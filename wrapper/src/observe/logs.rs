@@ -1,7 +1,7 @@
 //! The handler's output lines and the wrapper's per-invocation lines, in the configured style
 //! (`RUNR_LOG_FORMAT`): in logfmt's quoting (text: a line of plain words as it is, any other as
 //! `msg="…"`) or one JSON object each, tied to the invocation during which the wrapper read
-//! them; and the per-invocation cap on a handler's log output (`RUNR_LOG_MAX_BYTES`).
+//! them; and the opt-in per-invocation cap on a handler's log output (`RUNR_LOG_MAX_BYTES`).
 //!
 //! Set once at start ([`install`]) into process-wide switches, like the observer: every place
 //! that reads a handler's pipes reaches them without threading the configuration through.
@@ -20,14 +20,15 @@ const HANDLER: &str = "handler";
 
 static JSON: AtomicBool = AtomicBool::new(false);
 static INVOCATIONS: AtomicBool = AtomicBool::new(false);
-static MAX_BYTES: AtomicU64 = AtomicU64::new(1 << 20);
+/// `RUNR_LOG_MAX_BYTES`; `u64::MAX` (the default) is no cap.
+static MAX_BYTES: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Sets the style, the per-invocation line and the cap from `config` (at start, before any
 /// handler runs).
 pub fn install(config: &TelemetryConfig) {
     JSON.store(config.log_format == LogFormat::Json, Ordering::Relaxed);
     INVOCATIONS.store(config.log_invocations, Ordering::Relaxed);
-    MAX_BYTES.store(config.log_max_bytes, Ordering::Relaxed);
+    MAX_BYTES.store(config.log_max_bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// True when lines are JSON objects.
