@@ -116,6 +116,21 @@ fn hex4(chars: &mut std::str::CharIndices<'_>) -> Option<u16> {
     u16::from_str_radix(&hex, 16).ok()
 }
 
+/// `line` as a person reads it: its tokens again, each value decoded and unquoted
+/// (`msg="a \"b\""` → `msg=a "b"`), for tests that look for text in a line; a line that does
+/// not parse panics.
+pub fn plain(line: &str) -> String {
+    let pairs = parse(line).unwrap_or_else(|e| panic!("{e}"));
+    let tokens: Vec<String> = pairs
+        .into_iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{k}={v}"),
+            None => k,
+        })
+        .collect();
+    tokens.join(" ")
+}
+
 /// The values of every `key=` token of `pairs` (a bare `key` gives none).
 pub fn values<'a>(pairs: &'a [Pair], key: &str) -> Vec<&'a str> {
     pairs
@@ -148,6 +163,10 @@ mod tests {
             ]
         );
         assert_eq!(parse(r#"a="""#).unwrap(), [p("a", Some(""))]);
+        assert_eq!(
+            plain(r#"[x] ERROR msg="bad: PORT=\"eighty\"" n=1"#),
+            r#"[x] ERROR msg=bad: PORT="eighty" n=1"#
+        );
         assert_eq!(parse("").unwrap(), []);
     }
 

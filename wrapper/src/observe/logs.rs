@@ -90,9 +90,11 @@ pub fn handler_line(stream: Stream, line: &[u8], tag: Option<&Tag>) {
 }
 
 /// A handler's line in text style, newline included: as it is when it is plain words
-/// (`processed hi (from Q)`), else as `msg="…"`, quoted and escaped by logfmt's rules
-/// ([`runr_base::logfmt::push_message`]); so it parses back into exactly the handler's text
-/// and can never split, pass for a line of the wrapper's (`[runr-wrapper] …`) or add a field.
+/// (`processed hi (from Q)`) or a JSON object (what a JSON logger writes: [`is_json_object`]),
+/// else as `msg="…"`, quoted and escaped by logfmt's rules
+/// ([`runr_base::logfmt::push_message`]). So it parses back (as logfmt, or as the JSON it is)
+/// into exactly the handler's text and can never split, pass for a line of the wrapper's
+/// (`[runr-wrapper] …`) or add a field: client text inside a JSON string is escaped by JSON.
 pub fn text_line(line: &[u8]) -> Vec<u8> {
     // Most lines are printable ASCII words: those need no decoding, only the check.
     let plain_ascii = !line.is_empty()
@@ -103,7 +105,7 @@ pub fn text_line(line: &[u8]) -> Vec<u8> {
             .iter()
             .all(|&b| b.is_ascii_graphic() && !matches!(b, b'=' | b'"' | b'\\') || b == b' ')
         && line[0] != b' ';
-    if plain_ascii {
+    if plain_ascii || is_json_object(line) {
         let mut buf = Vec::with_capacity(line.len() + 1);
         buf.extend_from_slice(line);
         buf.push(b'\n');
@@ -113,6 +115,19 @@ pub fn text_line(line: &[u8]) -> Vec<u8> {
     runr_base::logfmt::push_message(&mut text, &String::from_utf8_lossy(line));
     text.push('\n');
     text.into_bytes()
+}
+
+/// Whether `line` is one JSON object, `{` to `}`, with no invisible character outside or inside
+/// its strings but the space (JSON lets U+2028, bidi controls and tabs through raw).
+pub fn is_json_object(line: &[u8]) -> bool {
+    line.first() == Some(&b'{')
+        && line.last() == Some(&b'}')
+        && std::str::from_utf8(line).is_ok_and(|text| {
+            !text
+                .chars()
+                .any(|c| c != ' ' && runr_base::logfmt::is_invisible(c))
+        })
+        && serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
 }
 
 /// Where one handler's log lines go during one invocation (or while a worker is idle: no tag,
@@ -299,10 +314,20 @@ mod tests {
             "tick from bash: café\n"
         );
         assert_eq!(line(b""), "\n");
+        // A JSON logger's lines stay JSON; a broken one, or one with raw invisible characters,
+        // is quoted.
         assert_eq!(
             line(br#"{"level":"warn","m":1}"#),
-            "msg=\"{\\\"level\\\":\\\"warn\\\",\\\"m\\\":1}\"\n"
+            "{\"level\":\"warn\",\"m\":1}\n"
         );
+        assert_eq!(line(br#"{"m": "a\nb"}"#), "{\"m\": \"a\\nb\"}\n");
+        assert_eq!(line(br#"{"m":1"#), "msg=\"{\\\"m\\\":1\"\n");
+        assert_eq!(
+            line("{\"m\":\"\u{2028}\"}".as_bytes()),
+            "msg=\"{\\\"m\\\":\\\"\\u2028\\\"}\"\n"
+        );
+        assert_eq!(line(b"{\t\"m\":1}"), "msg=\"{\\t\\\"m\\\":1}\"\n");
+        assert_eq!(line(b"[1,2]"), "msg=\"[1,2]\"\n");
         // What a client could make a handler echo: a wrapper line, a field, a cursor move.
         assert_eq!(
             line(b"[runr-wrapper] invocation status=200"),
@@ -327,6 +352,8 @@ mod tests {
                     proptest::prelude::Just(b'='),
                     proptest::prelude::Just(b'"'),
                     proptest::prelude::Just(b'['),
+                    proptest::prelude::Just(b'{'),
+                    proptest::prelude::Just(b'}'),
                     proptest::prelude::Just(b'a'),
                     proptest::prelude::any::<u8>(),
                 ],
@@ -335,6 +362,10 @@ mod tests {
         ) {
             let got = String::from_utf8(text_line(&bytes)).unwrap();
             let text = String::from_utf8_lossy(&bytes).into_owned();
+            if is_json_object(&bytes) {
+                proptest::prop_assert_eq!(got, format!("{text}\n"));
+                return Ok(());
+            }
             let mut want = String::new();
             runr_base::logfmt::push_message(&mut want, &text);
             want.push('\n');
