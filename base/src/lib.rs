@@ -6,6 +6,7 @@
 //! - [`log`]: the prefixed one-line log format, in [`logfmt`]'s quoting;
 //! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
 //! - [`runtime`]: the one-thread tokio runtime;
+//! - [`logfmt`]: logfmt's quoting of values, messages and bare tokens;
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
 //!
