@@ -448,21 +448,19 @@ fn bad_values_of_the_new_variables_exit_2_naming_each_and_json_errors_are_json()
 }
 
 #[test]
-fn text_mode_writes_plain_handler_lines_as_they_are_and_any_other_as_one_msg() {
+fn text_mode_writes_plain_and_json_handler_lines_as_they_are_and_any_other_as_one_msg() {
     let w = Wrapper::start(&env(
         "exec",
         &[
             "bash",
             "-c",
-            "cat >/dev/null; echo '{\"level\":\"warn\",\"m\":1}' >&2; echo plain >&2; printf ok",
+            "cat >/dev/null; echo '{\"level\":\"warn\",\"m\":1}' >&2; echo plain >&2; \
+             echo 'got a=b \"c\"' >&2; printf ok",
         ],
     ));
     assert_eq!(w.get("/").text(), "ok");
-    w.wait_log("\nplain\n");
-    assert!(
-        w.log()
-            .contains("\nmsg=\"{\\\"level\\\":\\\"warn\\\",\\\"m\\\":1}\"\n"),
-        "{}",
-        w.log()
-    );
+    w.wait_log("\nmsg=\"got a=b \\\"c\\\"\"\n");
+    let log = w.log();
+    assert!(log.contains("\nplain\n"), "{log}");
+    assert!(log.contains("\n{\"level\":\"warn\",\"m\":1}\n"), "{log}");
 }
