@@ -1,5 +1,6 @@
 //! Small formatters every binary needs: hex, RFC 3339 timestamps, random ids, error chains, and
-//! the escaping that keeps untrusted text from forging log lines.
+//! a control-character escape for untrusted text kept inside a message (a registry's answer
+//! quoted in an error). Log lines themselves are quoted by [`crate::logfmt`].
 
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -3,9 +3,10 @@
 //! - [`env`]: reading configuration from environment variables, one grammar for durations,
 //!   sizes, flags, ports and levels; one [`env::ConfigError`]; the variables table that
 //!   `help`/`version` render;
-//! - [`log`]: the prefixed one-line log format;
+//! - [`log`]: the prefixed one-line log format, in [`logfmt`]'s quoting;
 //! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
 //! - [`runtime`]: the one-thread tokio runtime;
+//! - [`logfmt`]: logfmt's quoting of values, messages and bare tokens;
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
 //!
@@ -16,6 +17,7 @@
 pub mod env;
 pub mod fmt;
 pub mod log;
+pub mod logfmt;
 pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;

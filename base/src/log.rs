@@ -8,8 +8,10 @@
 //! with the per-binary choices as parameters ([`LogFormat`]): the prefix (so the platform's log
 //! view tells our lines from the function's output), whether INFO is named (the wrapper leaves
 //! it out, which keeps its access lines in the spec's shape), and timestamps (for Jobs whose
-//! collector adds none). Every message and field value has its control characters escaped
-//! ([`crate::fmt::push_escaped`]): text a client or a user program chose can never forge a line.
+//! collector adds none). The line is logfmt ([`crate::logfmt`]): a value with a space, `=`, `"`,
+//! `\\` or an invisible character is quoted and escaped, a message that is not plain words is
+//! written as `msg="…"`, so every line parses back into exactly the fields written and text a
+//! client or a user program chose can never forge a field or a line.
 //!
 //! JSON (feature `json`, for binaries that link serde_json anyway): one object per line,
 //!
@@ -115,16 +117,16 @@ impl LogFormat {
         let mut line = String::with_capacity(128);
         line.push('[');
         line.push_str(self.prefix);
-        line.push_str("] ");
+        line.push(']');
         if self.timestamps {
-            line.push_str(&crate::fmt::rfc3339_millis(std::time::SystemTime::now()));
             line.push(' ');
+            line.push_str(&crate::fmt::rfc3339_millis(std::time::SystemTime::now()));
         }
         let level = *event.metadata().level();
         if level != Level::INFO || self.info_level {
-            let _ = write!(line, "{level} ");
+            let _ = write!(line, " {level}");
         }
-        let mut fields = Fields { line, first: true };
+        let mut fields = Fields { line };
         event.record(&mut fields);
         let mut line = fields.line;
         line.push('\n');
@@ -132,35 +134,41 @@ impl LogFormat {
     }
 }
 
-/// Writes an event's fields: the message as it is, the others as `name=value`, all escaped.
+/// Writes an event's fields: the message as its words (or `msg="…"`), the others as
+/// `name=value`, by logfmt's quoting.
 struct Fields {
+    /// The line so far; every token goes after a space.
     line: String,
-    first: bool,
 }
 
 impl Fields {
-    fn start(&mut self, field: &Field) {
-        if !self.first {
-            self.line.push(' ');
-        }
-        self.first = false;
-        if field.name() != "message" {
+    fn push(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            if value.is_empty() {
+                return;
+            }
+            self.separate();
+            crate::logfmt::push_message(&mut self.line, value);
+        } else {
+            self.separate();
             self.line.push_str(field.name());
             self.line.push('=');
+            crate::logfmt::push_value(&mut self.line, value);
         }
+    }
+
+    fn separate(&mut self) {
+        self.line.push(' ');
     }
 }
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.start(field);
-        crate::fmt::push_escaped(&mut self.line, value);
+        self.push(field, value);
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.start(field);
-        let text = format!("{value:?}");
-        crate::fmt::push_escaped(&mut self.line, &text);
+        self.push(field, &format!("{value:?}"));
     }
 }
 
@@ -396,14 +404,91 @@ mod tests {
             tracing::warn!(name = %header, debug = ?header, "bad header {}", header);
         });
         assert_eq!(text.lines().count(), 1, "{text}");
-        assert!(
-            text.contains(r"name=X-Bad\r\n[runr-wrapper] forged"),
-            "{text}"
+        assert_eq!(
+            text,
+            "[runr-wrapper] WARN msg=\"bad header X-Bad\\r\\n[runr-wrapper] forged\" \
+             name=\"X-Bad\\r\\n[runr-wrapper] forged\" \
+             debug=\"\\\"X-Bad\\\\r\\\\n[runr-wrapper] forged\\\"\"\n"
         );
-        assert!(
-            text.starts_with(r"[runr-wrapper] WARN bad header X-Bad\r\n"),
-            "{text}"
+    }
+
+    #[test]
+    fn the_issue_forgery_parses_back_into_one_status() {
+        let text = capture(WRAPPER, || {
+            tracing::info!(
+                request_id = "x status=200 error=none",
+                status = 500,
+                error = "crash",
+                "invocation"
+            );
+        });
+        let pairs = runr_testkit::logfmt::parse(text.trim_end()).unwrap();
+        assert_eq!(runr_testkit::logfmt::values(&pairs, "status"), ["500"]);
+        assert_eq!(runr_testkit::logfmt::values(&pairs, "error"), ["crash"]);
+        assert_eq!(
+            runr_testkit::logfmt::values(&pairs, "request_id"),
+            ["x status=200 error=none"]
         );
+    }
+
+    /// Text a client or a program could choose: every character class the quoting treats
+    /// differently, in runs.
+    fn hostile() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just(" ".to_string()),
+            Just("=".to_string()),
+            Just("\"".to_string()),
+            Just("\\".to_string()),
+            Just("[runr-wrapper]".to_string()),
+            Just(" status=200 error=none".to_string()),
+            Just("\r\n".to_string()),
+            Just("café".to_string()),
+            Just("\u{85}\u{2028}\u{202e}\u{200b}\u{a0}\u{feff}\u{fffd}\u{e0041}".to_string()),
+            "[a-z0-9/:._-]{1,8}",
+            any::<char>().prop_map(String::from),
+        ];
+        proptest::collection::vec(piece, 0..8).prop_map(|p| p.concat())
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the message and the values, the line parses (by the reference reader) into
+        /// the prefix, the level, the message (its words, or `msg`) and each field, exactly.
+        #[test]
+        fn every_line_parses_back_into_exactly_its_fields(
+            message in hostile(),
+            a in hostile(),
+            b in hostile(),
+            warn in any::<bool>(),
+        ) {
+            let text = capture(WRAPPER, || {
+                if warn {
+                    tracing::warn!(a = %a, b = b.as_str(), n = 7, "{}", message);
+                } else {
+                    tracing::info!(a = %a, b = b.as_str(), n = 7, "{}", message);
+                }
+            });
+            prop_assert!(text.ends_with('\n'));
+            prop_assert_eq!(text.matches('\n').count(), 1);
+            let pairs = runr_testkit::logfmt::parse(&text[..text.len() - 1])
+                .map_err(TestCaseError::fail)?;
+            let mut want: Vec<(String, Option<String>)> = vec![("[runr-wrapper]".into(), None)];
+            if warn {
+                want.push(("WARN".into(), None));
+            }
+            if crate::logfmt::is_plain_words(&message) {
+                want.extend(message.split(' ').map(|w| (w.to_string(), None)));
+            } else if !message.is_empty() {
+                want.push(("msg".into(), Some(message.clone())));
+            }
+            want.push(("a".into(), Some(a.clone())));
+            want.push(("b".into(), Some(b.clone())));
+            want.push(("n".into(), Some("7".into())));
+            prop_assert_eq!(pairs, want);
+            // Nothing invisible is left raw, even inside quotes.
+            prop_assert!(!text[..text.len() - 1].chars().any(|c| c != ' ' && crate::logfmt::is_invisible(c)));
+        }
     }
 
     #[cfg(feature = "json")]

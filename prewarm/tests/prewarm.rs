@@ -346,12 +346,19 @@ fn bad_configuration_exits_2_naming_each_variable() {
     let done = run(&env);
     assert_eq!(done.code, 2, "{done:?}");
     assert!(done.stdout.is_empty(), "{done:?}");
+    // Read as a person does: each message is quoted (it holds `=` and `"`).
+    let read: Vec<String> = done
+        .stderr
+        .lines()
+        .map(runr_testkit::logfmt::plain)
+        .collect();
+    let read = read.join("\n");
     for needle in [
         "RUNR_PREWARM_REGISTRY=\"http://cache:5000\"",
         "RUNR_PREWARM_IMAGES=\"python:3.12,,node:22\": entry 2 is empty",
         "RUNR_PREWARM_CONCURRENCY=\"0\"",
     ] {
-        assert!(done.stderr.contains(needle), "{needle}: {done:?}");
+        assert!(read.contains(needle), "{needle}: {done:?}");
     }
     assert_eq!(
         done.stderr.lines().count(),
@@ -495,7 +502,7 @@ fn a_long_blob_reports_progress_every_10_seconds() {
     let progress = done
         .stderr
         .lines()
-        .find(|l| l.contains("fetching blob=blob big@sha256:"))
+        .find(|l| l.contains("fetching blob=\"blob big@sha256:"))
         .unwrap_or_else(|| panic!("no progress line: {done:?}"));
     assert!(
         progress.contains(" bytes=") && progress.contains(" size=2"),
@@ -557,7 +564,7 @@ fn a_blob_wanted_by_two_images_is_fetched_once_and_largest_first() {
     let fetched: Vec<&str> = done
         .stderr
         .lines()
-        .filter(|l| l.contains("DEBUG fetched blob=blob big@"))
+        .filter(|l| l.contains("DEBUG fetched blob=\"blob big@"))
         .collect();
     assert!(
         !done.stderr.contains("already cached"),

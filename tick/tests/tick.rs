@@ -191,7 +191,12 @@ fn bad_configuration_exits_2_naming_each_variable() {
         ("RUNR_TICK_WAIT", "1 day".to_string()),
     ]);
     assert_eq!(run.code, 2);
-    let lines: Vec<&str> = run.stderr.lines().collect();
+    // Read as a person does: the message is quoted (it holds `=` and `"`).
+    let lines: Vec<String> = run
+        .stderr
+        .lines()
+        .map(runr_testkit::logfmt::plain)
+        .collect();
     assert_eq!(lines.len(), 2, "{}", run.stderr);
     assert!(lines[0].contains("PORT=\"eighty\""), "{}", lines[0]);
     assert!(

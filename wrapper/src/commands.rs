@@ -115,7 +115,7 @@ fn shutdown() -> std::io::Result<impl Future<Output = ()>> {
     let stop = runr_base::signal::shutdown()?;
     Ok(async move {
         let signal = stop.await;
-        tracing::info!(signal = ?signal.name(), "shutdown requested");
+        tracing::info!(signal = signal.name(), "shutdown requested");
     })
 }
 

@@ -21,6 +21,12 @@ use serde_json::{Map, Value};
 use crate::config::Trigger;
 use crate::response::{ErrorClass, Reply};
 
+/// Longest `X-Request-Id` kept, in characters.
+pub const MAX_REQUEST_ID_CHARS: usize = 200;
+
+/// Characters of a replaced `X-Request-Id` the logs quote.
+pub const REPLACED_ID_QUOTE: usize = 64;
+
 /// Largest request body; larger ones answer 413 (a declared `Content-Length` before a byte is
 /// read).
 pub const MAX_BODY: usize = 10 * 1024 * 1024;
@@ -39,8 +45,12 @@ pub const WRITE_CHUNK: usize = 64 * 1024;
 pub struct Request {
     /// Where it came from (the wrapper's `RUNR_TRIGGER`).
     pub trigger: Trigger,
-    /// The envelope id: the CloudEvent id, else `X-Request-Id`, else a fresh one.
+    /// The envelope id: the CloudEvent id, else `X-Request-Id` when it is a [usable
+    /// one](client_request_id), else a fresh one.
     pub id: String,
+    /// The client's `X-Request-Id` when it was not usable and a fresh id took its place: its
+    /// first [`REPLACED_ID_QUOTE`] characters (undecodable bytes as U+FFFD), for the logs.
+    pub replaced_id: Option<String>,
     /// `GET`, `POST`, ...
     pub method: String,
     /// The path without the query.
@@ -93,16 +103,23 @@ impl Request {
             Trigger::Queue | Trigger::Schedule => cloud_event(&headers),
             Trigger::Http => None,
         };
-        let id = event
+        let event_id = event
             .as_ref()
             .and_then(|e| e.get("id"))
             .and_then(Value::as_str)
-            .map(str::to_string)
-            .or_else(|| header_str(&headers, "x-request-id").map(str::to_string))
-            .unwrap_or_else(new_id);
+            .map(str::to_string);
+        let (id, replaced_id) = match event_id {
+            Some(id) => (id, None),
+            None => match client_request_id(&headers) {
+                Some(Ok(id)) => (id.to_string(), None),
+                Some(Err(replaced)) => (new_id(), Some(replaced)),
+                None => (new_id(), None),
+            },
+        };
         Request {
             trigger,
             id,
+            replaced_id,
             method: method.to_string(),
             path: if path.is_empty() { "/" } else { path }.to_string(),
             raw_query: raw_query.to_string(),
@@ -382,6 +399,26 @@ fn joined(headers: &HeaderMap, name: &str) -> Vec<u8> {
         out.extend_from_slice(v.as_bytes());
     }
     out
+}
+
+/// The client's `X-Request-Id`: `Ok` when it can be the envelope id (1 to
+/// [`MAX_REQUEST_ID_CHARS`] visible characters of valid UTF-8, `café` as well as `abc-1`: no
+/// space, control or other [invisible](runr_base::logfmt::is_invisible) character, which would
+/// make the id one a person cannot read back or copy), else `Err` with what the logs quote of
+/// it; `None` without the header.
+pub fn client_request_id(headers: &HeaderMap) -> Option<Result<&str, String>> {
+    let raw = headers.get("x-request-id")?.as_bytes();
+    if let Ok(id) = std::str::from_utf8(raw) {
+        let visible = id.chars().all(|c| !runr_base::logfmt::is_invisible(c));
+        if visible && !id.is_empty() && id.chars().nth(MAX_REQUEST_ID_CHARS).is_none() {
+            return Some(Ok(id));
+        }
+    }
+    let quote = raw.len().min(4 * REPLACED_ID_QUOTE);
+    Some(Err(String::from_utf8_lossy(&raw[..quote])
+        .chars()
+        .take(REPLACED_ID_QUOTE)
+        .collect()))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -1115,5 +1152,49 @@ mod tests {
             Bytes::new(),
         );
         assert_eq!(c.id, "abc");
+    }
+
+    #[test]
+    fn a_request_id_is_kept_when_it_is_1_to_200_visible_characters() {
+        let with = |raw: &[u8]| {
+            let mut h = HeaderMap::new();
+            h.insert("x-request-id", http::HeaderValue::from_bytes(raw).unwrap());
+            Request::new(Trigger::Http, "GET", "/", h, Bytes::new())
+        };
+        for kept in [
+            "abc".to_string(),
+            "café".to_string(),
+            "x=1\"'".to_string(),
+            "日本".repeat(100),
+            "a".repeat(200),
+        ] {
+            let r = with(kept.as_bytes());
+            assert_eq!((r.id.as_str(), r.replaced_id), (kept.as_str(), None));
+        }
+        let long = "b".repeat(201);
+        for (raw, quoted) in [
+            (&b"x status=200 error=none"[..], "x status=200 error=none"),
+            (b"", ""),
+            (b"a\tb", "a\tb"),
+            (b"\xffid", "\u{fffd}id"),
+            (b"caf\xc3", "caf\u{fffd}"),
+            ("a\u{202e}b".as_bytes(), "a\u{202e}b"),
+            ("no\u{a0}break".as_bytes(), "no\u{a0}break"),
+            (long.as_bytes(), &long[..REPLACED_ID_QUOTE]),
+        ] {
+            let r = with(raw);
+            assert_eq!(r.replaced_id.as_deref(), Some(quoted), "{raw:?}");
+            assert!(
+                r.id.ends_with(|c: char| c.is_ascii_digit()),
+                "a fresh id: {}",
+                r.id
+            );
+            assert_ne!(r.id.as_bytes(), raw);
+        }
+        // The CloudEvent id wins, whatever the header.
+        let mut h = headers(&[("ce-id", "ev-1"), ("ce-type", "t"), ("ce-source", "/s")]);
+        h.insert("x-request-id", http::HeaderValue::from_static("a b"));
+        let r = Request::new(Trigger::Queue, "POST", "/", h, Bytes::new());
+        assert_eq!((r.id.as_str(), r.replaced_id), ("ev-1", None));
     }
 }

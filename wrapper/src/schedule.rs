@@ -117,6 +117,7 @@ fn observe_tick(
         took,
         failure,
         cold_start: trace::take_cold_start(),
+        replaced_id: None,
     });
 }
 

@@ -40,6 +40,12 @@ fn missing_variables_exit_2_naming_each() {
     );
 }
 
+/// The lines as a person reads them: each message that holds `=` or `"` is quoted.
+fn plain(stderr: &str) -> String {
+    let lines: Vec<String> = stderr.lines().map(runr_testkit::logfmt::plain).collect();
+    lines.join("\n")
+}
+
 #[test]
 fn bad_values_exit_2_naming_variable_and_value() {
     let tmp = tempfile::tempdir().unwrap();
@@ -53,6 +59,7 @@ fn bad_values_exit_2_naming_variable_and_value() {
         ("PORT", "99999"),
     ]);
     assert_eq!(code, 2, "{stderr}");
+    let stderr = plain(&stderr);
     for needle in [
         "RUNR_UPLOAD_SIZE=\"12x\"",
         "RUNR_UPLOAD_SHA256=\"0123\"",
@@ -73,7 +80,7 @@ fn bad_values_exit_2_naming_variable_and_value() {
     ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("RUNR_UPLOAD_DIR=\"/nonexistent/work\""),
+        plain(&stderr).contains("RUNR_UPLOAD_DIR=\"/nonexistent/work\""),
         "{stderr}"
     );
 }

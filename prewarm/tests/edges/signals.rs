@@ -40,7 +40,7 @@ fn stop_mid_transfer(signal: Signal, name: &str) {
     prewarm.wait_for_log("image warmed image=small:1", Duration::from_secs(60));
     // big's config is confirmed: a result the signal must not lose.
     prewarm.wait_for_log(
-        &format!("stored blob=blob big@{config}"),
+        &format!("stored blob=\"blob big@{config}\""),
         Duration::from_secs(60),
     );
     wait_for("a layer to stall mid-blob", Duration::from_secs(30), || {

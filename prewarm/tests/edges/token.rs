@@ -107,9 +107,13 @@ fn wrong_or_missing_credentials_fail_at_once_quoting_the_token_service() {
         );
         assert_eq!(small["error"].as_str(), Some(want.as_str()), "{done:?}");
         assert!(
-            done.stderr.lines().any(|l| l
-                .starts_with("[runr-prewarm] ERROR image failed image=small:1")
-                && l.contains(&want)),
+            done.stderr
+                .lines()
+                .map(runr_testkit::logfmt::plain)
+                .any(
+                    |l| l.starts_with("[runr-prewarm] ERROR image failed image=small:1")
+                        && l.contains(&want)
+                ),
             "{done:?}"
         );
     }

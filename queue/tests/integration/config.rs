@@ -37,7 +37,9 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
     );
     assert_eq!(code, 2, "{stderr}");
     assert_eq!(stdout, "");
-    let lines: Vec<&str> = stderr.lines().collect();
+    // Read as a person does: the message is quoted (it holds `=` and `"`).
+    let read: Vec<String> = stderr.lines().map(runr_testkit::logfmt::plain).collect();
+    let lines: Vec<&str> = read.iter().map(String::as_str).collect();
     let names = [
         "RUNR_QUEUE_REDIS_URL",
         "RUNR_QUEUE_STREAM",
@@ -51,7 +53,7 @@ fn every_bad_variable_is_one_line_and_the_exit_status_is_2() {
     ];
     assert_eq!(lines.len(), names.len(), "{stderr}");
     for (line, name) in lines.iter().zip(names) {
-        let want = format!("[runr-queue] ERROR invalid configuration: {name}=");
+        let want = format!("[runr-queue] ERROR msg=invalid configuration: {name}=");
         assert!(
             line.starts_with(&want),
             "{line:?} should start with {want:?}"

@@ -114,7 +114,9 @@ fn through_the_wrapper(concurrency: &str, entries: usize) {
     }
     assert!(c
         .log()
-        .contains(r#"answer=processed {"msg":"hi"} (from bash)"#));
+        .lines()
+        .map(runr_testkit::logfmt::plain)
+        .any(|l| l.contains(r#"answer=processed {"msg":"hi"} (from bash)"#)));
     assert_eq!(conn.cmd_str(&["XLEN", DLQ]).int(), 0);
     c.stop_cleanly();
 }

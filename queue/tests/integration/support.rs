@@ -170,19 +170,20 @@ impl Consumer {
             .map(|l| {
                 let id = field(l, "id").expect("id");
                 let attempt = field(l, "attempt").expect("attempt").parse().unwrap();
-                // `answer` is the last field: everything after it is the answer's start.
-                let answer = l.split_once(" answer=").map(|(_, a)| a).unwrap_or("");
-                (id, attempt, answer.to_string())
+                let answer = field(l, "answer").unwrap_or_default();
+                (id, attempt, answer)
             })
             .collect()
     }
 }
 
-/// The value of `name=value` in a log line (values without spaces).
+/// The value of `name=value` in a log line, unquoted (the line read by the reference logfmt
+/// reader, which also checks that it parses).
 pub fn field(line: &str, name: &str) -> Option<String> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{name}=")))
-        .map(str::to_string)
+    let pairs = runr_testkit::logfmt::parse(line).unwrap_or_else(|e| panic!("{e}"));
+    runr_testkit::logfmt::values(&pairs, name)
+        .first()
+        .map(|v| v.to_string())
 }
 
 // === the wrapper ===

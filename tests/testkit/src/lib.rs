@@ -9,11 +9,12 @@
 //! For the edges of a real registry: [`TokenRegistry`] (distribution's `auth: token` behind a
 //! token service in this process), [`TlsRegistry`] (HTTPS with a test CA, and broken
 //! certificates), [`RangeIgnoringCache`] (a cache that answers `Range` probes with the whole blob),
-//! certificates in [`pki`], test images in [`oci`].
+//! certificates in [`pki`], test images in [`oci`]. [`logfmt`] reads log lines back into their fields.
 
 mod distribution;
 pub mod http;
 pub mod httpd;
+pub mod logfmt;
 pub mod oci;
 pub mod pki;
 pub mod range_cache;

@@ -13,9 +13,9 @@ pub const ENV_LOG_FORMAT: &str = "RUNR_LOG_FORMAT";
 /// status, peak RSS in exec mode).
 pub const ENV_LOG_INVOCATIONS: &str = "RUNR_LOG_INVOCATIONS";
 /// Handler log output kept per invocation (bytes, `KiB`, `MiB`); the rest is read and dropped,
-/// and one line says how much.
+/// and one line says how much. Unset (the default): no cap, every line is streamed to the logs
+/// as the contract says.
 pub const ENV_LOG_MAX_BYTES: &str = "RUNR_LOG_MAX_BYTES";
-const DEFAULT_LOG_MAX_BYTES: u64 = 1 << 20;
 
 /// The telemetry variables, for `version`/`help`.
 pub const VARS: &[VarDoc] = &[
@@ -33,10 +33,9 @@ pub const VARS: &[VarDoc] = &[
         "0",
         "1 | 0: one line per finished invocation (status, duration, error, exit, peak RSS)",
     ),
-    VarDoc::new(
+    VarDoc::optional(
         ENV_LOG_MAX_BYTES,
-        "1MiB",
-        "handler log output kept per invocation; the rest is dropped with one line saying so",
+        "handler log output kept per invocation; the rest is dropped with one line saying so (default: no cap)",
     ),
 ];
 
@@ -59,8 +58,8 @@ pub struct TelemetryConfig {
     pub log_format: LogFormat,
     /// `RUNR_LOG_INVOCATIONS`.
     pub log_invocations: bool,
-    /// `RUNR_LOG_MAX_BYTES`.
-    pub log_max_bytes: u64,
+    /// `RUNR_LOG_MAX_BYTES`; `None`: no cap.
+    pub log_max_bytes: Option<u64>,
 }
 
 impl Default for TelemetryConfig {
@@ -69,7 +68,7 @@ impl Default for TelemetryConfig {
             metrics_port: None,
             log_format: LogFormat::Text,
             log_invocations: false,
-            log_max_bytes: DEFAULT_LOG_MAX_BYTES,
+            log_max_bytes: None,
         }
     }
 }
@@ -93,7 +92,7 @@ impl TelemetryConfig {
             metrics_port,
             log_format: env.parse(ENV_LOG_FORMAT, LogFormat::Text, parse_log_format),
             log_invocations: env.flag(ENV_LOG_INVOCATIONS, false),
-            log_max_bytes: env.size(ENV_LOG_MAX_BYTES, DEFAULT_LOG_MAX_BYTES),
+            log_max_bytes: env.optional(ENV_LOG_MAX_BYTES, runr_base::env::parse_size),
         }
     }
 }
@@ -136,7 +135,7 @@ mod tests {
         let (c, e) = parse(&[], 8080);
         assert!(e.is_empty());
         assert_eq!(c, TelemetryConfig::default());
-        assert_eq!(c.log_max_bytes, 1 << 20);
+        assert_eq!(c.log_max_bytes, None, "no cap");
     }
 
     #[test]
@@ -154,11 +153,11 @@ mod tests {
         assert_eq!(c.metrics_port, Some(9090));
         assert_eq!(c.log_format, LogFormat::Json);
         assert!(c.log_invocations);
-        assert_eq!(c.log_max_bytes, 64 << 10);
+        assert_eq!(c.log_max_bytes, Some(64 << 10));
         for (v, bytes) in [("100", 100), ("2MiB", 2 << 20), ("0", 0)] {
             assert_eq!(
                 parse(&[(ENV_LOG_MAX_BYTES, v)], 8080).0.log_max_bytes,
-                bytes
+                Some(bytes)
             );
         }
     }

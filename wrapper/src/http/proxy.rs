@@ -427,6 +427,7 @@ impl Done {
             took,
             failure,
             cold_start: self.cold_start,
+            replaced_id: None,
         });
     }
 

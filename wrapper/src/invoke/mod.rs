@@ -396,6 +396,7 @@ pub fn finish(
         error: class.map(ErrorClass::as_str),
         exit_status: outcome.exit.map(Exit::code),
         peak_rss_kib: outcome.peak_rss_kib,
+        replaced_request_id: req.replaced_id.as_deref(),
     });
     let Some(observer) = observe::global() else {
         return;
@@ -434,6 +435,7 @@ pub fn finish(
         took: elapsed,
         failure,
         cold_start: started.cold_start.unwrap_or_else(trace::take_cold_start),
+        replaced_id: req.replaced_id.as_deref().map(|r| (req.id.as_str(), r)),
     });
 }
 

@@ -1,7 +1,7 @@
 //! The handler's output lines and the wrapper's per-invocation lines, in the configured style
-//! (`RUNR_LOG_FORMAT`): as they are (text) or one JSON object each, tied to the invocation
-//! during which the wrapper read them; and the per-invocation cap on a handler's log output
-//! (`RUNR_LOG_MAX_BYTES`).
+//! (`RUNR_LOG_FORMAT`): in logfmt's quoting (text: a line of plain words as it is, any other as
+//! `msg="…"`) or one JSON object each, tied to the invocation during which the wrapper read
+//! them; and the opt-in per-invocation cap on a handler's log output (`RUNR_LOG_MAX_BYTES`).
 //!
 //! Set once at start ([`install`]) into process-wide switches, like the observer: every place
 //! that reads a handler's pipes reaches them without threading the configuration through.
@@ -20,14 +20,15 @@ const HANDLER: &str = "handler";
 
 static JSON: AtomicBool = AtomicBool::new(false);
 static INVOCATIONS: AtomicBool = AtomicBool::new(false);
-static MAX_BYTES: AtomicU64 = AtomicU64::new(1 << 20);
+/// `RUNR_LOG_MAX_BYTES`; `u64::MAX` (the default) is no cap.
+static MAX_BYTES: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Sets the style, the per-invocation line and the cap from `config` (at start, before any
 /// handler runs).
 pub fn install(config: &TelemetryConfig) {
     JSON.store(config.log_format == LogFormat::Json, Ordering::Relaxed);
     INVOCATIONS.store(config.log_invocations, Ordering::Relaxed);
-    MAX_BYTES.store(config.log_max_bytes, Ordering::Relaxed);
+    MAX_BYTES.store(config.log_max_bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// True when lines are JSON objects.
@@ -64,9 +65,9 @@ pub struct Tag {
 }
 
 /// Writes one line of the handler's output (newline and a CR before it left off) to our
-/// stderr with one write, so concurrent handlers' lines never interleave mid-line: as it is in
-/// text style, as `{"time","level":"info","source":"handler","stream","requestId"?,"traceId"?,
-/// "msg"}` in JSON (bytes that are not UTF-8 replaced).
+/// stderr with one write, so concurrent handlers' lines never interleave mid-line: in JSON
+/// style as `{"time","level":"info","source":"handler","stream","requestId"?,"traceId"?,
+/// "msg"}`, in text style as [`text_line`] has it (bytes that are not UTF-8 replaced).
 pub fn handler_line(stream: Stream, line: &[u8], tag: Option<&Tag>) {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -82,13 +83,51 @@ pub fn handler_line(stream: Stream, line: &[u8], tag: Option<&Tag>) {
         j.str("msg", &String::from_utf8_lossy(line));
         j.finish()
     } else {
-        let mut buf = Vec::with_capacity(line.len() + 1);
-        buf.extend_from_slice(line);
-        buf.push(b'\n');
-        buf
+        text_line(line)
     };
     // Nothing sensible is left to do when our own stderr is gone.
     let _ = std::io::stderr().lock().write_all(&buf);
+}
+
+/// A handler's line in text style, newline included: as it is when it is plain words
+/// (`processed hi (from Q)`) or a JSON object (what a JSON logger writes: [`is_json_object`]),
+/// else as `msg="…"`, quoted and escaped by logfmt's rules
+/// ([`runr_base::logfmt::push_message`]). So it parses back (as logfmt, or as the JSON it is)
+/// into exactly the handler's text and can never split, pass for a line of the wrapper's
+/// (`[runr-wrapper] …`) or add a field: client text inside a JSON string is escaped by JSON.
+pub fn text_line(line: &[u8]) -> Vec<u8> {
+    // Most lines are printable ASCII words: those need no decoding, only the check.
+    let plain_ascii = !line.is_empty()
+        && line[0] != b'['
+        && line[line.len() - 1] != b' '
+        && line.windows(2).all(|w| w != b"  ")
+        && line
+            .iter()
+            .all(|&b| b.is_ascii_graphic() && !matches!(b, b'=' | b'"' | b'\\') || b == b' ')
+        && line[0] != b' ';
+    if plain_ascii || is_json_object(line) {
+        let mut buf = Vec::with_capacity(line.len() + 1);
+        buf.extend_from_slice(line);
+        buf.push(b'\n');
+        return buf;
+    }
+    let mut text = String::with_capacity(line.len() + 8);
+    runr_base::logfmt::push_message(&mut text, &String::from_utf8_lossy(line));
+    text.push('\n');
+    text.into_bytes()
+}
+
+/// Whether `line` is one JSON object, `{` to `}`, with no invisible character outside or inside
+/// its strings but the space (JSON lets U+2028, bidi controls and tabs through raw).
+pub fn is_json_object(line: &[u8]) -> bool {
+    line.first() == Some(&b'{')
+        && line.last() == Some(&b'}')
+        && std::str::from_utf8(line).is_ok_and(|text| {
+            !text
+                .chars()
+                .any(|c| c != ' ' && runr_base::logfmt::is_invisible(c))
+        })
+        && serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
 }
 
 /// Where one handler's log lines go during one invocation (or while a worker is idle: no tag,
@@ -207,6 +246,8 @@ pub struct InvocationLine<'a> {
     pub exit_status: Option<i32>,
     /// Exec mode: the handler's peak resident set, from `wait4`.
     pub peak_rss_kib: Option<u64>,
+    /// The start of the client's `X-Request-Id` when `request_id` was made in its place.
+    pub replaced_request_id: Option<&'a str>,
 }
 
 /// Logs the per-invocation line: at info with `RUNR_LOG_INVOCATIONS=1`, else at debug.
@@ -222,6 +263,7 @@ pub fn invocation(line: &InvocationLine<'_>) {
                 error = line.error,
                 exit_status = line.exit_status,
                 peak_rss_kib = line.peak_rss_kib,
+                replaced_request_id = line.replaced_request_id,
                 "invocation"
             )
         };
@@ -261,6 +303,84 @@ mod tests {
         assert_eq!(log.recorded(), [b"12345\n".to_vec()]);
         log.finish();
         assert_eq!((log.budget, log.dropped), (0, 0));
+    }
+
+    #[test]
+    fn handler_text_lines_are_plain_words_or_one_msg() {
+        let line = |b: &[u8]| String::from_utf8(text_line(b)).unwrap();
+        assert_eq!(line(b"processed hi (from Q)"), "processed hi (from Q)\n");
+        assert_eq!(
+            line("tick from bash: café".as_bytes()),
+            "tick from bash: café\n"
+        );
+        assert_eq!(line(b""), "\n");
+        // A JSON logger's lines stay JSON; a broken one, or one with raw invisible characters,
+        // is quoted.
+        assert_eq!(
+            line(br#"{"level":"warn","m":1}"#),
+            "{\"level\":\"warn\",\"m\":1}\n"
+        );
+        assert_eq!(line(br#"{"m": "a\nb"}"#), "{\"m\": \"a\\nb\"}\n");
+        assert_eq!(line(br#"{"m":1"#), "msg=\"{\\\"m\\\":1\"\n");
+        assert_eq!(
+            line("{\"m\":\"\u{2028}\"}".as_bytes()),
+            "msg=\"{\\\"m\\\":\\\"\\u2028\\\"}\"\n"
+        );
+        assert_eq!(line(b"{\t\"m\":1}"), "msg=\"{\\t\\\"m\\\":1}\"\n");
+        assert_eq!(line(b"[1,2]"), "msg=\"[1,2]\"\n");
+        // What a client could make a handler echo: a wrapper line, a field, a cursor move.
+        assert_eq!(
+            line(b"[runr-wrapper] invocation status=200"),
+            "msg=\"[runr-wrapper] invocation status=200\"\n"
+        );
+        assert_eq!(
+            line(b"[runr-wrapper] WARN x"),
+            "msg=\"[runr-wrapper] WARN x\"\n"
+        );
+        assert_eq!(line(b"a\rb\x1b[2J\xff"), "msg=\"a\\rb\\u001b[2J\\ufffd\"\n");
+        assert_eq!(line(b"  File \"x.py\""), "msg=\"  File \\\"x.py\\\"\"\n");
+    }
+
+    proptest::proptest! {
+        /// The ASCII fast path writes what the general rule writes, and every line parses back
+        /// into exactly the handler's text.
+        #[test]
+        fn handler_text_lines_parse_back_into_the_handler_text(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::Just(b' '),
+                    proptest::prelude::Just(b'='),
+                    proptest::prelude::Just(b'"'),
+                    proptest::prelude::Just(b'['),
+                    proptest::prelude::Just(b'{'),
+                    proptest::prelude::Just(b'}'),
+                    proptest::prelude::Just(b'a'),
+                    proptest::prelude::any::<u8>(),
+                ],
+                0..40,
+            )
+        ) {
+            let got = String::from_utf8(text_line(&bytes)).unwrap();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            if is_json_object(&bytes) {
+                proptest::prop_assert_eq!(got, format!("{text}\n"));
+                return Ok(());
+            }
+            let mut want = String::new();
+            runr_base::logfmt::push_message(&mut want, &text);
+            want.push('\n');
+            proptest::prop_assert_eq!(&got, &want);
+            let pairs = runr_testkit::logfmt::parse(got.trim_end_matches('\n'))
+                .map_err(proptest::test_runner::TestCaseError::fail)?;
+            let back = match pairs.as_slice() {
+                [(k, Some(v))] if k == "msg" && !runr_base::logfmt::is_plain_words(&text) => v.clone(),
+                words => {
+                    proptest::prop_assert!(words.iter().all(|(_, v)| v.is_none()));
+                    words.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(" ")
+                }
+            };
+            proptest::prop_assert_eq!(back, text);
+        }
     }
 
     #[test]

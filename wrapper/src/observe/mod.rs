@@ -118,6 +118,7 @@ impl Observer {
                     done.status,
                     done.took,
                     done.cold_start,
+                    done.replaced_id,
                 )
             } else {
                 trace::access_line(
@@ -127,6 +128,7 @@ impl Observer {
                     done.status,
                     done.took,
                     done.cold_start,
+                    done.replaced_id,
                 )
                 .into_bytes()
             };

@@ -35,6 +35,9 @@ pub struct Finished<'a> {
     pub failure: Option<Failure>,
     /// First request of the process.
     pub cold_start: bool,
+    /// When the wrapper gave the request an id of its own in place of the client's unusable
+    /// `X-Request-Id`: that id, and the start of what the client sent.
+    pub replaced_id: Option<(&'a str, &'a str)>,
 }
 
 impl Finished<'_> {

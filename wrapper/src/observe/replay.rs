@@ -254,6 +254,7 @@ mod tests {
             took: Duration::from_micros(1500),
             failure: Some(Failure::Status),
             cold_start: false,
+            replaced_id: None,
         }
     }
 

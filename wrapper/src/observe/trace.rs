@@ -2,6 +2,7 @@
 //! start a trace), decide sampling the way `OTEL_TRACES_SAMPLER` asks, hand the upstream a
 //! `traceparent` whose parent is our span, and write the access line.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -167,8 +168,15 @@ pub fn take_cold_start() -> bool {
     !SERVED.swap(true, Ordering::Relaxed)
 }
 
-/// The access line, exactly the spec's shape:
-/// `[runr-wrapper] trace_id=<32 hex> span_id=<16 hex> sampled=<bool> <METHOD> <path> <status> <ms>ms cold_start=<bool>`.
+/// The access line, in the spec's shape:
+/// `[runr-wrapper] trace_id=<32 hex> span_id=<16 hex> sampled=<bool> <METHOD> <path> <status> <ms>ms cold_start=<bool>`,
+/// and, when the wrapper replaced the client's `X-Request-Id`, ` request_id=<the id given>
+/// replaced_request_id=<what the client sent, cut>` after it.
+///
+/// Written without the log formatter, in its logfmt quoting all the same: the method and the
+/// path, which a client chose, are bare tokens there, so every character that would split or
+/// quote a token (a space, `=`, `"`, `\\`, U+0085 which the URI parser lets through, ...) is
+/// percent-encoded; the ids are values.
 pub fn access_line(
     span: &Span,
     method: &str,
@@ -176,27 +184,41 @@ pub fn access_line(
     status: u16,
     took: Duration,
     cold: bool,
+    replaced_id: Option<(&str, &str)>,
 ) -> String {
-    // Written without the log formatter, so escaped here: a client chooses the path, and the
-    // URI parser lets through bytes that are control characters once decoded (U+0085, a line
-    // break to some log viewers).
-    format!(
-        "{} trace_id={} span_id={} sampled={} {} {} {} {:.1}ms cold_start={}\n",
+    use runr_base::logfmt::{push_percent_encoded, push_value};
+    let mut line = String::with_capacity(160 + path.len());
+    let _ = write!(
+        line,
+        "{} trace_id={} span_id={} sampled={} ",
         super::PREFIX,
         runr_base::fmt::hex(&span.trace_id),
         runr_base::fmt::hex(&span.span_id),
         span.sampled,
-        runr_base::fmt::escape_control(method),
-        runr_base::fmt::escape_control(path),
-        status,
-        took.as_secs_f64() * 1000.0,
-        cold
-    )
+    );
+    push_percent_encoded(&mut line, method);
+    line.push(' ');
+    push_percent_encoded(&mut line, path);
+    let _ = write!(
+        line,
+        " {status} {:.1}ms cold_start={cold}",
+        took.as_secs_f64() * 1000.0
+    );
+    if let Some((id, original)) = replaced_id {
+        line.push_str(" request_id=");
+        push_value(&mut line, id);
+        line.push_str(" replaced_request_id=");
+        push_value(&mut line, original);
+    }
+    line.push('\n');
+    line
 }
 
 /// The access line as a JSON object (`RUNR_LOG_FORMAT=json`) with the text line's fields:
 /// `{"time","level":"info","source":"runr-wrapper","msg":"access","trace_id","span_id",
-/// "sampled","method","path","status","duration_ms","cold_start"}`, newline included.
+/// "sampled","method","path","status","duration_ms","cold_start"}` (`"request_id",
+/// "replaced_request_id"` after them when the client's `X-Request-Id` was replaced), newline
+/// included.
 pub fn access_line_json(
     span: &Span,
     method: &str,
@@ -204,6 +226,7 @@ pub fn access_line_json(
     status: u16,
     took: Duration,
     cold: bool,
+    replaced_id: Option<(&str, &str)>,
 ) -> Vec<u8> {
     let mut line = runr_base::log::JsonLine::new(tracing::Level::INFO, "runr-wrapper");
     line.str("msg", "access")
@@ -219,6 +242,10 @@ pub fn access_line_json(
             (took.as_secs_f64() * 10_000.0).round() / 10.0,
         )
         .bool("cold_start", cold);
+    if let Some((id, original)) = replaced_id {
+        line.str("request_id", id)
+            .str("replaced_request_id", original);
+    }
     line.finish()
 }
 
@@ -320,15 +347,19 @@ mod tests {
         assert!(sampled(&follow, &high, None));
     }
 
-    #[test]
-    fn access_line_has_the_spec_shape() {
-        let s = Span {
+    fn span() -> Span {
+        Span {
             trace_id: [0x4b; 16],
             span_id: [0x0f; 8],
             parent_span_id: None,
             sampled: true,
             start: SystemTime::now(),
-        };
+        }
+    }
+
+    #[test]
+    fn access_line_has_the_spec_shape() {
+        let s = span();
         let line = access_line(
             &s,
             "GET",
@@ -336,16 +367,13 @@ mod tests {
             500,
             Duration::from_micros(41_349),
             false,
+            None,
         );
         assert_eq!(
             line,
             "[runr-wrapper] trace_id=4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b span_id=0f0f0f0f0f0f0f0f \
              sampled=true GET /orders 500 41.3ms cold_start=false\n"
         );
-        // A path a client chose cannot break the line.
-        let line = access_line(&s, "GET", "/a\u{85}b\nc", 200, Duration::ZERO, true);
-        assert_eq!(line.lines().count(), 1, "{line}");
-        assert!(line.contains(" GET /a\\u{85}b\\nc 200 "), "{line}");
         let json = access_line_json(
             &s,
             "GET",
@@ -353,6 +381,7 @@ mod tests {
             500,
             Duration::from_micros(41_349),
             false,
+            None,
         );
         let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
         assert_eq!(v["msg"], "access");
@@ -368,6 +397,103 @@ mod tests {
         assert_eq!(v["status"], 500);
         assert_eq!(v["duration_ms"], 41.3);
         assert_eq!(v["cold_start"], false);
+        assert!(v.get("request_id").is_none());
         assert!(json.ends_with(b"}\n"));
+    }
+
+    #[test]
+    fn a_replaced_request_id_is_said_after_the_spec_fields() {
+        let s = span();
+        let original = "x status=200 error=none";
+        let line = access_line(
+            &s,
+            "GET",
+            "/",
+            500,
+            Duration::ZERO,
+            true,
+            Some(("g-1", original)),
+        );
+        assert!(
+            line.ends_with(
+                " GET / 500 0.0ms cold_start=true request_id=g-1 \
+                 replaced_request_id=\"x status=200 error=none\"\n"
+            ),
+            "{line}"
+        );
+        let json = access_line_json(
+            &s,
+            "GET",
+            "/",
+            500,
+            Duration::ZERO,
+            true,
+            Some(("g-1", original)),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(
+            (v["request_id"].as_str(), v["replaced_request_id"].as_str()),
+            (Some("g-1"), Some(original))
+        );
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever method, path and replaced id a client chose, the line parses (by the
+        /// reference reader) into the spec's tokens, one status among them, the path a single
+        /// token that percent-decodes back to the path, the replaced id exactly.
+        #[test]
+        fn a_client_cannot_forge_a_field_of_the_access_line(
+            method in "[A-Z]{1,7}|[^%]{0,8}",
+            path in "/([^%]|[ =\"\\\\\u{85}\u{2028}\u{202e}\u{a0}\t\r\n]){0,24}",
+            original in proptest::option::of("\\PC{0,12}|( |=|\"|\\\\|\u{85}|\r|\n|status=200|é){0,8}"),
+            status in 100u16..1000,
+        ) {
+            prop_assume!(method != "-", "the empty method's token");
+            let s = span();
+            let replaced = original.as_deref().map(|o| ("f-1", o));
+            let line = access_line(&s, &method, &path, status, Duration::from_micros(1234), false, replaced);
+            prop_assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+            let pairs = runr_testkit::logfmt::parse(&line[..line.len() - 1])
+                .map_err(TestCaseError::fail)?;
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            prop_assert_eq!(&keys[..4], &["[runr-wrapper]", "trace_id", "span_id", "sampled"][..]);
+            prop_assert!(pairs[4].1.is_none() && pairs[5].1.is_none() && pairs[6].1.is_none());
+            prop_assert_eq!(percent_decode(&pairs[4].0), method.clone());
+            prop_assert_eq!(percent_decode(&pairs[5].0), path.clone());
+            prop_assert_eq!(pairs[6].0.clone(), status.to_string());
+            prop_assert_eq!(pairs[7].0.as_str(), "1.2ms");
+            prop_assert_eq!(pairs[8].clone(), ("cold_start".to_string(), Some("false".to_string())));
+            match &original {
+                None => prop_assert_eq!(pairs.len(), 9),
+                Some(o) => {
+                    prop_assert_eq!(pairs.len(), 11);
+                    prop_assert_eq!(pairs[9].clone(), ("request_id".to_string(), Some("f-1".to_string())));
+                    prop_assert_eq!(pairs[10].clone(), ("replaced_request_id".to_string(), Some(o.clone())));
+                }
+            }
+        }
+    }
+
+    /// `%XX` decoded (the strategies make no `%` of their own: one the client sent stays as it
+    /// is, and a reader decodes it alike).
+    fn percent_decode(token: &str) -> String {
+        if token == "-" {
+            return String::new();
+        }
+        let b = token.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&token[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
     }
 }

@@ -347,7 +347,8 @@ fn the_metrics_port_must_differ_from_port() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains(r#"RUNR_METRICS_PORT="8999": must differ from PORT"#),
+        runr_testkit::logfmt::plain(err.trim_end())
+            .contains(r#"RUNR_METRICS_PORT="8999": must differ from PORT"#),
         "{err}"
     );
 }

@@ -1,6 +1,7 @@
 //! Structured logs: RUNR_LOG_FORMAT=json (every line one object; handler lines tied to the
 //! right request id under concurrency, idle lines to none), RUNR_LOG_INVOCATIONS=1 (peak RSS
-//! from wait4 in exec mode), RUNR_LOG_MAX_BYTES (a prefix kept, the rest counted and drained).
+//! from wait4 in exec mode), RUNR_LOG_MAX_BYTES (unset: every line streamed; set: a prefix
+//! kept, the rest counted and drained).
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -299,6 +300,67 @@ printf answered"#;
     assert!(!log.contains("yyyy"), "the flood was not logged");
 }
 
+/// The lines `chatty line <n> of <id> ...` of `log`, in the order written, as their numbers.
+fn chatty_lines(log: &str, id: &str) -> Vec<u32> {
+    let tail = format!(" of {id} {}", "x".repeat(32));
+    log.lines()
+        .filter_map(|l| {
+            l.strip_prefix("chatty line ")?
+                .strip_suffix(&tail)?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// 40,000 lines of a chatty handler (2.2 MiB, past the old 1 MiB default cap), in exec and
+/// persistent mode without RUNR_LOG_MAX_BYTES: every one arrives, once, in order.
+#[test]
+fn every_line_of_a_chatty_handler_arrives_without_a_cap() {
+    const LINES: u32 = 40_000;
+    let exec = format!(
+        r#"cat >/dev/null; seq -f "chatty line %g of $RUNR_REQUEST_ID {}" 1 {LINES} >&2; printf done"#,
+        "x".repeat(32)
+    );
+    let persistent = format!(
+        r#"import json, sys
+for line in sys.stdin:
+    rid = json.loads(line)["id"]
+    for i in range(1, {LINES} + 1):
+        print(f"chatty line {{i}} of {{rid}} {}", file=sys.stderr)
+    sys.stderr.flush()
+    print(json.dumps("done"), flush=True)
+"#,
+        "x".repeat(32)
+    );
+    for (mode, command) in [
+        ("exec", vec!["bash", "-c", exec.as_str()]),
+        (
+            "persistent",
+            vec!["python3", "-u", "-c", persistent.as_str()],
+        ),
+    ] {
+        let w = Wrapper::start(&env(mode, &command));
+        let id = format!("chatty-{mode}");
+        let r = w.send("POST", "/", &[("X-Request-Id", &id)], b"x");
+        assert_eq!((r.status, r.text().as_str()), (200, "done"), "{mode}");
+        let got = wait_for(
+            &format!("{LINES} lines in {mode} mode"),
+            Duration::from_secs(120),
+            || {
+                let got = chatty_lines(&w.log(), &id);
+                (got.len() >= LINES as usize).then_some(got)
+            },
+        );
+        assert_eq!(got, (1..=LINES).collect::<Vec<_>>(), "{mode}");
+        assert!(
+            !w.log().contains("RUNR_LOG_MAX_BYTES"),
+            "{mode}: {}",
+            w.log()
+        );
+    }
+}
+
 #[test]
 fn the_cap_counts_per_invocation_in_persistent_mode() {
     let script = r#"import json, sys
@@ -353,10 +415,18 @@ fn bad_values_of_the_new_variables_exit_2_naming_each_and_json_errors_are_json()
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), bad.len() + 1, "{err}");
+    // Each a logfmt line whose message (quoted: it holds `=` and `"`) names the variable.
+    let messages: Vec<String> = err
+        .lines()
+        .map(|l| {
+            let pairs = runr_testkit::logfmt::parse(l).unwrap_or_else(|e| panic!("{e}"));
+            runr_testkit::logfmt::values(&pairs, "msg")[0].to_string()
+        })
+        .collect();
     for (name, value) in bad.iter().chain([&("RUNR_LOG_FORMAT", "xml")]) {
-        let needle = format!("{name}={value:?}");
+        let needle = format!("invalid configuration: {name}={value:?}");
         assert_eq!(
-            err.lines().filter(|l| l.contains(&needle)).count(),
+            messages.iter().filter(|m| m.starts_with(&needle)).count(),
             1,
             "{needle}:\n{err}"
         );
@@ -378,20 +448,19 @@ fn bad_values_of_the_new_variables_exit_2_naming_each_and_json_errors_are_json()
 }
 
 #[test]
-fn text_mode_leaves_handler_lines_as_they_are() {
+fn text_mode_writes_plain_and_json_handler_lines_as_they_are_and_any_other_as_one_msg() {
     let w = Wrapper::start(&env(
         "exec",
         &[
             "bash",
             "-c",
-            "cat >/dev/null; echo '{\"level\":\"warn\",\"m\":1}' >&2; echo plain >&2; printf ok",
+            "cat >/dev/null; echo '{\"level\":\"warn\",\"m\":1}' >&2; echo plain >&2; \
+             echo 'got a=b \"c\"' >&2; printf ok",
         ],
     ));
     assert_eq!(w.get("/").text(), "ok");
-    w.wait_log("\nplain\n");
-    assert!(
-        w.log().contains("\n{\"level\":\"warn\",\"m\":1}\n"),
-        "{}",
-        w.log()
-    );
+    w.wait_log("\nmsg=\"got a=b \\\"c\\\"\"\n");
+    let log = w.log();
+    assert!(log.contains("\nplain\n"), "{log}");
+    assert!(log.contains("\n{\"level\":\"warn\",\"m\":1}\n"), "{log}");
 }

@@ -306,8 +306,8 @@ async fn stream(mut body: Incoming, tx: mpsc::Sender<Chunk>) -> ApiResponse {
     match failed {
         Some(err) => {
             tracing::warn!(
-                error_type = %runr_base::fmt::escape_control(&err.error_type),
-                error_message = %runr_base::fmt::escape_control(&err.message),
+                error_type = %err.error_type,
+                error_message = %err.message,
                 "the function's streamed response ended with an error"
             );
             client.send(Chunk::Failed(Some(err))).await;
@@ -357,8 +357,8 @@ async fn init_error(api: &Api, req: hyper::Request<Incoming>) -> ApiResponse {
     let err = result::parse_error(header_type.as_deref(), body);
     tracing::warn!(
         slot = api.slot.index,
-        error_type = %runr_base::fmt::escape_control(&err.error_type),
-        error_message = %runr_base::fmt::escape_control(&err.message),
+        error_type = %err.error_type,
+        error_message = %err.message,
         "the runtime reported an init error"
     );
     api.shared.init_failed(&err);

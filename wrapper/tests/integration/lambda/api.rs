@@ -221,7 +221,7 @@ fn streams_from_a_custom_runtime_plain_and_with_error_trailers() {
         "the answer must end without its last chunk"
     );
     assert_eq!(raw.result("stream with error trailers")["status"], 202);
-    f.wait_log("the function's streamed response ended with an error error_type=Runtime.StreamError error_message=stream broke");
+    f.wait_log("the function's streamed response ended with an error error_type=Runtime.StreamError error_message=\"stream broke\"");
 
     // An HTTP-integration stream that never sends its delimiter.
     let r = f.get("/stream-no-prelude");
@@ -273,6 +273,8 @@ fn bad_lambda_configuration_exits_2_naming_every_variable() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
+    let read: Vec<String> = err.lines().map(runr_testkit::logfmt::plain).collect();
+    let err = read.join("\n");
     for expected in [
         r#"RUNR_REGION="eu west""#,
         r#"RUNR_LAMBDA_INVOKE_API="maybe""#,

@@ -19,7 +19,7 @@ fn a_shell_bootstrap_found_in_the_task_root_serves_many_clients() {
     let root = f.root.path().canonicalize().unwrap();
     assert!(
         f.log().contains(&format!(
-            "command=[\"{}\"]",
+            r#"command="[\"{}\"]""#,
             root.join("bootstrap").display()
         )),
         "{}",
