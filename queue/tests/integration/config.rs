@@ -88,9 +88,11 @@ fn a_password_holding_url_delimiters_is_never_printed() {
             &[],
         );
         assert_eq!(code, 2, "{url}: {stderr}");
-        let printed = format!("{stdout}{stderr}");
+        let raw = format!("{stdout}{stderr}");
+        assert!(!raw.contains(secret), "{url}: {raw}");
+        assert_eq!(raw.lines().count(), 1, "{raw}");
+        let printed = runr_testkit::logfmt::plain(raw.trim_end());
         assert!(!printed.contains(secret), "{url}: {printed}");
-        assert_eq!(printed.lines().count(), 1, "{printed}");
         assert!(
             printed.contains("RUNR_QUEUE_REDIS_URL=\"redis"),
             "{printed}"
