@@ -499,7 +499,8 @@ EOF
         fail "runr-queue did not start consuming: $(docker logs "$qc" 2>&1 | tail -5)"
       else
         id=$(redis-cli -p "$qport" XADD check '*' msg hi)
-        want='answer=processed {"msg":"hi"} (from sh)'
+        # As the log line quotes it (logfmt: the value holds spaces and quotes).
+        want='answer="processed {\"msg\":\"hi\"} (from sh)"'
         acked() {
           docker logs "$qc" 2>&1 | grep -qF "$want" \
             && [ "$(redis-cli -p "$qport" XPENDING check check-fn | head -n1)" = 0 ]

@@ -1125,7 +1125,8 @@ class Checks:
         n = 16
         for i in range(n):
             cli("XADD", stream, "*", "msg", f"m{i}")
-        want = {f'answer=processed {{"msg":"m{i}"}} (from bash)' for i in range(n)}
+        # As the log line quotes it (logfmt: the value holds spaces and quotes).
+        want = {f'answer="processed {{\\"msg\\":\\"m{i}\\"}} (from bash)"' for i in range(n)}
 
         def delivered():
             log = "\n".join(qc.log())
