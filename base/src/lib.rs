@@ -6,6 +6,8 @@
 //! - [`log`]: the prefixed one-line log format;
 //! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
 //! - [`runtime`]: the one-thread tokio runtime;
+//! - [`platform`]: the names the platform sets in every function container, which are never
+//!   "unknown variables";
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
 //!
@@ -16,6 +18,7 @@
 pub mod env;
 pub mod fmt;
 pub mod log;
+pub mod platform;
 pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;
