@@ -37,7 +37,7 @@ pub const WRITE_CHUNK: usize = 64 * 1024;
 /// One invocation's request, whatever mode runs it.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// Where it came from (the wrapper's `RUNR_TRIGGER`).
+    /// Where it came from ([`crate::request::trigger`] decides).
     pub trigger: Trigger,
     /// The envelope id: the CloudEvent id, else `X-Request-Id`, else a fresh one.
     pub id: String,

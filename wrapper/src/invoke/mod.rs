@@ -382,6 +382,7 @@ pub fn finish(
         }
     } else {
         metrics::get().invocation(Invocation {
+            trigger: req.trigger,
             status: outcome.reply.status.as_u16(),
             took: elapsed,
             error: class,

@@ -146,7 +146,6 @@ pub struct Lambda {
     slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
     runtimes: usize,
     timeout: Duration,
-    trigger: Trigger,
     region: String,
     invoke_api: bool,
 }
@@ -222,7 +221,6 @@ impl Lambda {
             slots: std::sync::Mutex::new(slots),
             runtimes: config.workers,
             timeout: config.timeout,
-            trigger: config.trigger,
             region: lc.region.clone(),
             invoke_api: lc.invoke_api,
         })
@@ -352,7 +350,7 @@ impl Lambda {
         if self.invoke_api && req.method == "POST" && is_invoke_path(&req.path) {
             return Kind::InvokeApi;
         }
-        match self.trigger {
+        match req.trigger {
             Trigger::Http => Kind::Http,
             Trigger::Queue => Kind::Queue,
             Trigger::Schedule => Kind::Schedule,

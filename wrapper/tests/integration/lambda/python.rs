@@ -414,6 +414,84 @@ fn queue_messages_arrive_as_sqs_records_and_batch_item_failures_are_not_acknowle
 }
 
 #[test]
+fn without_runr_trigger_each_requests_cloud_event_picks_the_event_shape() {
+    let f = app(&[("RUNR_WORKERS", "2")]);
+    let addr = f.addr();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                for n in 0..6 {
+                    let id = format!("{t}-{n}");
+                    let ce = |kind: &'static str, source: &'static str| {
+                        vec![
+                            ("ce-specversion", "1.0".to_string()),
+                            ("ce-type", kind.to_string()),
+                            ("ce-source", source.to_string()),
+                            ("ce-id", id.clone()),
+                            ("ce-time", "2026-10-10T12:00:00Z".to_string()),
+                            ("content-type", "application/json".to_string()),
+                        ]
+                    };
+                    let (headers, body) = match n % 3 {
+                        0 => (
+                            ce("dev.runr.queue.message", "/redisstream/orders/orders-api"),
+                            format!(r#"{{"item": "{id}"}}"#),
+                        ),
+                        1 => (
+                            ce("dev.runr.schedule.tick", "/runr/schedule"),
+                            r#"{"trigger":"schedule"}"#.to_string(),
+                        ),
+                        _ => (ce("com.example.order", "/shop"), "plain".to_string()),
+                    };
+                    let h: Vec<(&str, &str)> =
+                        headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    let r = c.send("POST", "/orders", &h, Body::Sized(body.as_bytes()));
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    let got = r.json();
+                    match n % 3 {
+                        // An SQS record.
+                        0 => {
+                            assert_eq!(got["messageId"], id.as_str(), "{got}");
+                            assert_eq!(got["body"], json!({"item": id}));
+                            assert_eq!(got["eventSource"], "runr:queue");
+                        }
+                        // An EventBridge Scheduled Event.
+                        1 => {
+                            assert_eq!(got["id"], id.as_str(), "{got}");
+                            assert_eq!(got["detailType"], "Scheduled Event");
+                        }
+                        // API Gateway HTTP API 2.0.
+                        _ => {
+                            assert_eq!(got["rawPath"], "/orders", "{got}");
+                            assert_eq!(got["body"], "plain");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // A pod with RUNR_TRIGGER=http: a forged queue event is an HTTP request like any other.
+    let f = app(&[("RUNR_TRIGGER", "http")]);
+    let r = f.send(
+        "POST",
+        "/orders",
+        &[
+            ("ce-specversion", "1.0"),
+            ("ce-type", "dev.runr.queue.message"),
+            ("ce-id", "forged"),
+        ],
+        br#"{"item": 1}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["rawPath"], "/orders");
+}
+
+#[test]
 fn concurrent_queue_messages_each_get_their_own_answer() {
     let f = app(&[("RUNR_TRIGGER", "queue"), ("RUNR_WORKERS", "3")]);
     let addr = f.addr();
