@@ -265,10 +265,13 @@ impl BodyError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request body exceeds 10 MiB",
             ),
-            BodyError::Unreadable => {
-                Reply::error(StatusCode::BAD_REQUEST, "could not read the request body")
-            }
-            BodyError::TimedOut => Reply::error(
+            BodyError::Unreadable => Reply::failure(
+                ErrorClass::Request,
+                StatusCode::BAD_REQUEST,
+                "could not read the request body",
+            ),
+            BodyError::TimedOut => Reply::failure(
+                ErrorClass::Request,
                 StatusCode::REQUEST_TIMEOUT,
                 "request body not received in time",
             ),

@@ -2,7 +2,8 @@
 //! `RUNR_UPSTREAM_PORT`, the wrapper on `$PORT`, and every request and response streams through
 //! the wrapper, which adds the server span, the access line, the replay capture and the
 //! metrics; its own answers (not listening yet, broken connection, timeout) carry
-//! `X-RunR-Error`.
+//! `X-RunR-Error`, and the program's never do: the header is removed from them (head and
+//! trailers), so a consumer can trust it.
 //!
 //! Bodies are never held whole: frames go through as they come (a request of any size reaches
 //! the program while its first bytes are still arriving), only the first `RUNR_REPLAY_MAX_BODY`
@@ -38,7 +39,7 @@ use crate::observe::metrics::{self, Held, Invocation};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, logs, Failure, Finished, Observer};
 use crate::request::trigger::TriggerRule;
-use crate::response::{self, ErrorClass, Reply};
+use crate::response::{self, ErrorClass, Reply, ERROR_HEADER};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
@@ -275,6 +276,7 @@ async fn handle(
         Ok(Ok(res)) => {
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(ERROR_HEADER);
             if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
                 parts
                     .headers
@@ -498,7 +500,12 @@ impl Body for ObservedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(trailers) = frame.trailers_mut() {
+                trailers.remove(ERROR_HEADER);
+            }
+        }
         match &polled {
             Poll::Ready(None) => {
                 if let Some(done) = this.done.take() {

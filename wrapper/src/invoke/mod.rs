@@ -67,7 +67,7 @@ impl Ended {
             Ended::TimedOut => Some(ErrorClass::Timeout),
             Ended::OutputTooLarge => Some(ErrorClass::Limit),
             Ended::Unavailable => Some(ErrorClass::Unavailable),
-            // The body's own answer says (413: limit).
+            // The body's own answer says (413: limit; 400, 408: request).
             Ended::Refused => None,
         }
     }

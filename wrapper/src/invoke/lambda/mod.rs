@@ -517,7 +517,7 @@ impl Lambda {
             )),
             Failure::Init(err) => Outcome {
                 ended: Ended::FailedToStart,
-                ..Outcome::answered(result::error_reply(&err))
+                ..Outcome::answered(result::init_error_reply(&err))
             },
             Failure::TimedOut => Outcome::timed_out(self.timeout),
         }
