@@ -10,7 +10,7 @@ const ROUTED: &str = r#"case "$RUNR_PATH" in
   /own500) printf '{"statusCode":500,"headers":{"X-RunR-Error":"overload"},"body":"mine"}' ;;
   /forged) printf '{"statusCode":200,"headers":{"x-runr-error":["timeout","crash"]},"body":"fine"}' ;;
   /fail) exit 3 ;;
-  /sleep) sleep 5 ;;
+  /sleep) sleep 60 ;;
   /big) head -c 11534336 /dev/zero ;;
   *) printf 'ok %s' "$RUNR_PATH" ;;
 esac"#;
@@ -19,7 +19,7 @@ fn exec_routed() -> Wrapper {
     let mut v = env("exec", &["bash", "-c", ROUTED]);
     // JSON input: the whole body is read before the handler runs (a raw body is streamed in,
     // and a handler that answers without reading it ends the keep-alive connection).
-    v.extend(vars(&[("RUNR_TIMEOUT", "1")]));
+    v.extend(vars(&[("RUNR_TIMEOUT", "5")]));
     Wrapper::start(&v)
 }
 
@@ -31,7 +31,7 @@ fn exec_mode_classes_and_the_handlers_own_answers() {
             "/sleep",
             504,
             Some("timeout"),
-            r#"{"error":"handler timed out after 1s"}"#,
+            r#"{"error":"handler timed out after 5s"}"#,
         ),
         (
             "/fail",
@@ -152,7 +152,7 @@ fn a_program_that_cannot_start_is_logged_once_and_answers_start() {
 fn persistent_mode_classes() {
     let f = fixtures();
     let mut v = env("persistent", &["python3", "-u", &f.path("worker.py")]);
-    v.extend(vars(&[("RUNR_TIMEOUT", "3")]));
+    v.extend(vars(&[("RUNR_TIMEOUT", "5")]));
     let w = Wrapper::start(&v);
     assert_eq!(w.get_when_up("/").status, 200);
     let r = w.get("/exit");
@@ -160,10 +160,10 @@ fn persistent_mode_classes() {
         (r.status, r.header("x-runr-error"), r.error().as_str()),
         (502, Some("crash"), "handler process exited")
     );
-    let r = w.get("/sleep?s=10");
+    let r = w.get("/sleep?s=60");
     assert_eq!(
         (r.status, r.header("x-runr-error"), r.error().as_str()),
-        (504, Some("timeout"), "handler timed out after 3s")
+        (504, Some("timeout"), "handler timed out after 5s")
     );
     assert_eq!(w.get_when_up("/").status, 200);
     let r = w.get("/huge");

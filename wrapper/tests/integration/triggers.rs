@@ -240,7 +240,7 @@ fn metrics_and_the_invocation_line_carry_each_requests_trigger() {
     }
     let log = w.log();
     for (id, trigger) in [("m-0", "queue"), ("m-1", "schedule"), ("m-2", "http")] {
-        let line = runr_testkit::wait_for("the invocation line", Duration::from_secs(10), || {
+        let line = runr_testkit::wait_for("the invocation line", Duration::from_secs(60), || {
             w.log()
                 .lines()
                 .find(|l| l.contains(&format!("invocation request_id={id} ")))
