@@ -255,18 +255,23 @@ fn the_schedule_one_shot_by_runr_trigger_and_by_runr_mode() {
     }
 }
 
-/// Waits for a one-shot to end (a hang guard far above its time): exit status, stdout, stderr.
+/// Waits for a one-shot to end (a hang guard far above its time; a wrapper that serves instead
+/// is killed with its group when the guard fails): exit status, stdout, stderr.
 fn wait_output(mut child: Child) -> (i32, String, String) {
     use std::io::Read;
-    let mut stdout = child.inner().stdout.take().unwrap();
-    let mut stderr = child.inner().stderr.take().unwrap();
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let mut out = String::new();
-    let _ = stdout.read_to_string(&mut out);
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = read_all(Box::new(child.inner().stdout.take().unwrap()));
+    let err = read_all(Box::new(child.inner().stderr.take().unwrap()));
     let status = child.wait_timeout(LONG);
-    (status.code().unwrap_or(-1), out, err.join().unwrap())
+    (
+        status.code().unwrap_or(-1),
+        out.join().unwrap(),
+        err.join().unwrap(),
+    )
 }
