@@ -136,8 +136,9 @@ pub struct Unknown {
     pub nearest: Option<&'static str>,
 }
 
-/// The names among `present` that start with one of `prefixes` and that no row of `tables`
-/// documents, sorted, each with its likely intended name.
+/// The names among `present` that start with one of `prefixes`, that no row of `tables`
+/// documents and that the platform does not set in function containers
+/// ([`crate::platform::VARS`]), sorted, each with its likely intended name.
 pub fn unknown(
     prefixes: &[&str],
     tables: &[&[VarDoc]],
@@ -146,7 +147,11 @@ pub fn unknown(
     let documented = || tables.iter().flat_map(|t| t.iter()).map(|v| v.name);
     let mut out: Vec<Unknown> = present
         .into_iter()
-        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)) && !documented().any(|d| d == n))
+        .filter(|n| {
+            prefixes.iter().any(|p| n.starts_with(p))
+                && !documented().any(|d| d == n)
+                && !crate::platform::sets(n)
+        })
         .map(|name| {
             let nearest = documented()
                 .map(|d| (edit_distance(&name, d), d))
@@ -977,6 +982,8 @@ mod tests {
             "RUNR_TIMEOUT",            // documented
             "PATH",                    // not ours
             "RUNR_TIMOUT",             // twice is reported once
+            "RUNR_MODE",               // the platform's, not a mistake
+            "RUNR_MODEL_GPT4_URL",     // the platform's, by pattern
         ]
         .map(String::from);
         let found = unknown(&["RUNR_"], &[TABLE, OWN, REGISTRY], present);

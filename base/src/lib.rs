@@ -7,6 +7,8 @@
 //! - [`signal`]: the shutdown future (SIGTERM, SIGINT);
 //! - [`runtime`]: the one-thread tokio runtime;
 //! - [`logfmt`]: logfmt's quoting of values, messages and bare tokens;
+//! - [`platform`]: the names the platform sets in every function container, which are never
+//!   "unknown variables";
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
 //!
@@ -18,6 +20,7 @@ pub mod env;
 pub mod fmt;
 pub mod log;
 pub mod logfmt;
+pub mod platform;
 pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -9,6 +9,9 @@ use runr_base::fmt::{rfc3339, uuid_v4};
 pub const SPECVERSION: &str = "1.0";
 /// `ce-type` of a schedule tick.
 pub const EVENT_TYPE: &str = "dev.runr.schedule.tick";
+/// `ce-type` of the events runr-queue POSTs for stream entries (the wrapper tells a queue
+/// invocation by it when its pod names no trigger).
+pub const QUEUE_EVENT_TYPE: &str = "dev.runr.queue.message";
 /// `ce-source` of a schedule tick.
 pub const EVENT_SOURCE: &str = "/runr/schedule";
 /// Content type of the event data.

@@ -15,9 +15,10 @@ use runr_base::env::process_lookup;
 use runr_base::fmt::error_chain;
 
 use crate::config::telemetry::{self, LogFormat};
-use crate::config::{Config, Mode, Trigger};
+use crate::config::{Config, Mode};
 use crate::observe::{self, logs, LOG_FORMAT, PREFIX};
 use crate::process::{reaper, result_fd};
+use crate::request::trigger::TriggerRule;
 use crate::{http, schedule};
 
 /// How long the exporter gets at exit for the spans (and the writer for the captures) still
@@ -43,7 +44,8 @@ pub fn serve() -> ExitCode {
     init_logs(config.telemetry.log_format, config.log_level);
     logs::install(&config.telemetry);
     // A misspelt variable would otherwise be ignored without a word. Names the wrapper sets for
-    // its handlers (`RUNR_HEADER_*`, `RUNR_METHOD`, …) are only in the handlers' environment.
+    // its handlers (`RUNR_HEADER_*`, `RUNR_METHOD`, …) are only in the handlers' environment;
+    // those the platform sets in every function container are never warned about.
     runr_base::env::warn_unknown(
         &["RUNR_"],
         &[crate::config::TABLES, &[runr_tick::config::VARS][..]].concat(),
@@ -87,7 +89,7 @@ async fn run(config: &Config) -> u8 {
         tracing::error!(error = %e, "cannot install signal handlers");
         return 1;
     }
-    let code = if config.trigger == Trigger::Schedule {
+    let code = if TriggerRule::of_config(config).runs_once() {
         // A one-shot has nothing to drain: SIGTERM keeps its default action and ends it.
         schedule::run(config).await
     } else {

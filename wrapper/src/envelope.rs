@@ -43,7 +43,7 @@ pub const WRITE_CHUNK: usize = 64 * 1024;
 /// One invocation's request, whatever mode runs it.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// Where it came from (the wrapper's `RUNR_TRIGGER`).
+    /// Where it came from ([`crate::request::trigger`] decides).
     pub trigger: Trigger,
     /// The envelope id: the CloudEvent id, else `X-Request-Id` when it is a [usable
     /// one](client_request_id), else a fresh one.
@@ -282,10 +282,13 @@ impl BodyError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request body exceeds 10 MiB",
             ),
-            BodyError::Unreadable => {
-                Reply::error(StatusCode::BAD_REQUEST, "could not read the request body")
-            }
-            BodyError::TimedOut => Reply::error(
+            BodyError::Unreadable => Reply::failure(
+                ErrorClass::Request,
+                StatusCode::BAD_REQUEST,
+                "could not read the request body",
+            ),
+            BodyError::TimedOut => Reply::failure(
+                ErrorClass::Request,
                 StatusCode::REQUEST_TIMEOUT,
                 "request body not received in time",
             ),

@@ -258,7 +258,8 @@ pub mod lambda {
     }
 
     /// Requests → events: any target, header value and body give valid JSON events of the
-    /// right shape, and an HTTP event's body decodes back to the request's bytes.
+    /// right shape, and an HTTP event's body decodes back to the request's bytes; a header
+    /// value as the invoke API's client context is refused or passed as a JSON object.
     pub fn events(data: &[u8]) {
         let mut parts = data.splitn(3, |&b| b == 0);
         let target = String::from_utf8_lossy(parts.next().unwrap_or_default());
@@ -324,6 +325,15 @@ pub mod lambda {
         if let Ok(text) = std::str::from_utf8(value) {
             let _ = events::parse_rfc3339_millis(text);
         }
+        // The invoke API's client context: refused, or a JSON object the runtime can parse.
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            let mut h = HeaderMap::new();
+            h.insert(crate::invoke::lambda::CLIENT_CONTEXT, v);
+            if let Ok(Some(context)) = crate::invoke::lambda::client_context(&h) {
+                let parsed: Value = serde_json::from_slice(context.as_bytes()).expect("JSON");
+                assert!(parsed.is_object());
+            }
+        }
     }
 }
 
@@ -351,5 +361,7 @@ mod tests {
         lambda::events(b"orders/a%20b?x=1&x=2\0c1=v1; c2=v2\0hello");
         lambda::events(b"bin\0\0\xff\x00\xfe");
         lambda::events(b"");
+        // {"custom":{"a":1}} as a client context.
+        lambda::events(b"x\0eyJjdXN0b20iOnsiYSI6MX19\0{}");
     }
 }

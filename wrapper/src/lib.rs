@@ -11,6 +11,7 @@
 //! - `http`: the server of exec/persistent mode (admission control), the observed proxy, http
 //!   mode's direct run, the metrics endpoint;
 //! - `invoke`: one invocation in exec or persistent mode, and its observation hook;
+//! - `request`: what is decided about a request before any mode runs it (its trigger);
 //! - `envelope`, `response`: request → what the handler reads; what it wrote → answer (and the
 //!   error classes of the wrapper's own answers);
 //! - `process`: spawning in process groups (fd 3 included), the handler's log pipes, and the
@@ -30,5 +31,6 @@ pub(crate) mod install;
 pub(crate) mod invoke;
 pub(crate) mod observe;
 pub(crate) mod process;
+pub(crate) mod request;
 pub(crate) mod response;
 pub(crate) mod schedule;

@@ -35,17 +35,21 @@ pub enum ErrorClass {
     Overload,
     /// Nothing can take the request any more (shutting down).
     Unavailable,
+    /// The request itself could not be read: a malformed or broken body (400) or one that did
+    /// not arrive in time (408). The handler never saw it.
+    Request,
 }
 
 impl ErrorClass {
-    /// Every class, in the order metrics list them.
-    pub const ALL: [ErrorClass; 6] = [
+    /// Every class.
+    pub const ALL: [ErrorClass; 7] = [
         ErrorClass::Timeout,
         ErrorClass::Crash,
         ErrorClass::Start,
         ErrorClass::Limit,
         ErrorClass::Overload,
         ErrorClass::Unavailable,
+        ErrorClass::Request,
     ];
 
     /// The header value and metric label.
@@ -57,6 +61,7 @@ impl ErrorClass {
             ErrorClass::Limit => "limit",
             ErrorClass::Overload => "overload",
             ErrorClass::Unavailable => "unavailable",
+            ErrorClass::Request => "request",
         }
     }
 
@@ -424,7 +429,8 @@ mod tests {
                 "start",
                 "limit",
                 "overload",
-                "unavailable"
+                "unavailable",
+                "request"
             ]
         );
     }

@@ -60,9 +60,14 @@ const DEFAULT_MAX_QUEUE: usize = 1024;
 const MAX_MAX_QUEUE: usize = 1 << 20;
 
 /// What sends the invocations: `http`, `queue` (CloudEvents from the queue consumer) or
-/// `schedule` (one tick per run).
+/// `schedule` (one tick per run). When set it decides for the pod; unset, `RUNR_MODE` and each
+/// request's CloudEvent do ([`crate::request::trigger`]).
 pub const ENV_TRIGGER: &str = "RUNR_TRIGGER";
-const DEFAULT_TRIGGER: Trigger = Trigger::Http;
+
+/// The container's run shape, set by the platform (a CronJob's container has `schedule`):
+/// without `RUNR_TRIGGER`, `schedule` runs the schedule one-shot; other values belong to other
+/// images and are ignored.
+pub const ENV_RUN_MODE: &str = "RUNR_MODE";
 
 /// The wrapper's own log level: `error`, `warn`, `info` or `debug`.
 pub const ENV_LOG: &str = "RUNR_LOG";
@@ -112,7 +117,15 @@ pub const VARS: &[VarDoc] = &[
         "1024",
         "requests waiting for a handler or worker, 0-1048576; beyond: 503",
     ),
-    VarDoc::new(ENV_TRIGGER, "http", "http | queue | schedule"),
+    VarDoc::optional(
+        ENV_TRIGGER,
+        "http | queue | schedule, for the whole pod; unset: RUNR_MODE=schedule runs the \
+         schedule one-shot, else each request's CloudEvent decides (http without one)",
+    ),
+    VarDoc::optional(
+        ENV_RUN_MODE,
+        "set by the platform; schedule (and no RUNR_TRIGGER): the schedule one-shot",
+    ),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
 ];
 
@@ -191,8 +204,10 @@ pub struct Config {
     pub max_inflight: usize,
     /// `RUNR_MAX_QUEUE`.
     pub max_queue: usize,
-    /// `RUNR_TRIGGER`.
-    pub trigger: Trigger,
+    /// `RUNR_TRIGGER`, when set.
+    pub trigger: Option<Trigger>,
+    /// `RUNR_MODE`, when set.
+    pub run_mode: Option<String>,
     /// `RUNR_LOG`.
     pub log_level: tracing::Level,
     /// Kill grace, the result channel, the ready handshake, worker recycling.
@@ -234,12 +249,13 @@ impl Config {
         let timeout = env.duration_in(ENV_TIMEOUT, DEFAULT_TIMEOUT, MIN_TIMEOUT..=MAX_TIMEOUT);
         let max_inflight = env.count(ENV_MAX_INFLIGHT, DEFAULT_MAX_INFLIGHT, 1..=MAX_MAX_INFLIGHT);
         let max_queue = env.count(ENV_MAX_QUEUE, DEFAULT_MAX_QUEUE, 0..=MAX_MAX_QUEUE);
-        let trigger = env.parse(ENV_TRIGGER, DEFAULT_TRIGGER, |v| match v {
+        let trigger = env.optional(ENV_TRIGGER, |v| match v {
             "http" => Ok(Trigger::Http),
             "queue" => Ok(Trigger::Queue),
             "schedule" => Ok(Trigger::Schedule),
             _ => Err("expected http, queue or schedule".into()),
         });
+        let run_mode = env.value(ENV_RUN_MODE);
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
         let handler = HandlerConfig::parse(&mut env);
         let telemetry = TelemetryConfig::parse(&mut env, port);
@@ -272,6 +288,7 @@ impl Config {
             max_inflight,
             max_queue,
             trigger,
+            run_mode,
             log_level,
             handler,
             telemetry,
@@ -319,7 +336,8 @@ mod tests {
         assert_eq!(c.input, Input::Json);
         assert_eq!(c.workers, 1);
         assert_eq!(c.timeout, Duration::from_secs(30));
-        assert_eq!(c.trigger, Trigger::Http);
+        assert_eq!(c.trigger, None);
+        assert_eq!(c.run_mode, None);
         assert_eq!(c.max_inflight, 256);
         assert_eq!(c.max_queue, 1024);
     }
@@ -334,6 +352,7 @@ mod tests {
             (ENV_WORKERS, "16"),
             (ENV_TIMEOUT, "2.5"),
             (ENV_TRIGGER, "queue"),
+            (ENV_RUN_MODE, "schedule"),
             (ENV_LOG, "debug"),
             (ENV_MAX_INFLIGHT, "8"),
             (ENV_MAX_QUEUE, "0"),
@@ -346,7 +365,8 @@ mod tests {
         assert_eq!(c.input, Input::Raw);
         assert_eq!(c.workers, 16);
         assert_eq!(c.timeout, Duration::from_millis(2500));
-        assert_eq!(c.trigger, Trigger::Queue);
+        assert_eq!(c.trigger, Some(Trigger::Queue));
+        assert_eq!(c.run_mode.as_deref(), Some("schedule"));
         assert_eq!(c.log_level, tracing::Level::DEBUG);
     }
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::config::{Config, Mode, Trigger};
+use crate::config::{Config, Mode};
 use crate::observe::logs::{self, HandlerLog, Stream};
 use crate::process::reaper::Exit;
 use crate::process::{self, Process};
+use crate::request::trigger::TriggerRule;
 
 /// Exit status when the program cannot be executed, as shells report it.
 pub const EXIT_CANNOT_EXEC: u8 = 127;
@@ -23,7 +24,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// nothing to observe (tracing, replay and metrics need the observed proxy).
 pub fn replaces_itself(config: &Config) -> bool {
     config.mode == Mode::Http
-        && config.trigger != Trigger::Schedule
+        && !TriggerRule::of_config(config).runs_once()
         && !config.observe.observed()
         && config.telemetry.metrics_port.is_none()
 }

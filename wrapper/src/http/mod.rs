@@ -85,13 +85,13 @@ impl Refusal {
     }
 
     /// The `X-RunR-Error` class of the answer: `limit` (413, 431), `overload` (503),
-    /// `timeout` (504 in line); `None` for a body the client could not send (400, 408).
+    /// `timeout` (504 in line), `request` for a body the client could not send (400, 408).
     pub fn class(self) -> Option<ErrorClass> {
         match self {
             Refusal::Body(BodyError::TooLarge) | Refusal::HeadersTooLarge => {
                 Some(ErrorClass::Limit)
             }
-            Refusal::Body(BodyError::Unreadable | BodyError::TimedOut) => None,
+            Refusal::Body(BodyError::Unreadable | BodyError::TimedOut) => Some(ErrorClass::Request),
             Refusal::Overloaded => Some(ErrorClass::Overload),
             Refusal::QueueTimedOut => Some(ErrorClass::Timeout),
         }

@@ -2,7 +2,8 @@
 //! `RUNR_UPSTREAM_PORT`, the wrapper on `$PORT`, and every request and response streams through
 //! the wrapper, which adds the server span, the access line, the replay capture and the
 //! metrics; its own answers (not listening yet, broken connection, timeout) carry
-//! `X-RunR-Error`.
+//! `X-RunR-Error`, and the program's never do: the header is removed from them (head and
+//! trailers), so a consumer can trust it.
 //!
 //! Bodies are never held whole: frames go through as they come (a request of any size reaches
 //! the program while its first bytes are still arriving), only the first `RUNR_REPLAY_MAX_BODY`
@@ -32,12 +33,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{direct, into_response, is_probe, preflight, serve_connections};
-use crate::config::Config;
+use crate::config::{Config, Trigger};
 use crate::invoke::display_timeout;
 use crate::observe::metrics::{self, Held, Invocation};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, logs, Failure, Finished, Observer};
-use crate::response::{self, ErrorClass, Reply};
+use crate::request::trigger::TriggerRule;
+use crate::response::{self, ErrorClass, Reply, ERROR_HEADER};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
 /// the framing (`Content-Length` or chunked) of each side itself.
@@ -66,7 +68,7 @@ struct Ctx {
     ready: watch::Receiver<bool>,
     ready_deadline: Instant,
     timeout: Duration,
-    trigger: &'static str,
+    rule: TriggerRule,
 }
 
 /// Runs the observed proxy until `shutdown` (then drains and stops the program) or until the
@@ -80,7 +82,8 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         );
         return 1;
     }
-    metrics::get().configure(config.trigger, false);
+    let rule = TriggerRule::of_config(config);
+    metrics::get().configure(rule.usual(), false);
     if let Some(port) = config.telemetry.metrics_port {
         if let Err(e) = super::metrics::start(port).await {
             tracing::error!(port, error = %e, "cannot listen on RUNR_METRICS_PORT");
@@ -125,7 +128,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         ready,
         ready_deadline: Instant::now() + config.observe.listen_wait,
         timeout: config.timeout,
-        trigger: config.trigger.as_str(),
+        rule,
     });
     tokio::select! {
         () = serve(listener, ctx, shutdown) => {
@@ -192,6 +195,7 @@ async fn handle(
         return Ok(wrapper_response(preflight()));
     }
     let started = Instant::now();
+    let trigger = ctx.rule.of(req.headers());
     let cold_start = trace::take_cold_start();
     let span = ctx
         .observer
@@ -201,6 +205,7 @@ async fn handle(
     let mut done = Done {
         ctx: ctx.clone(),
         span,
+        trigger,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         query: parts.uri.query().unwrap_or("").to_string(),
@@ -271,6 +276,7 @@ async fn handle(
         Ok(Ok(res)) => {
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(ERROR_HEADER);
             if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
                 parts
                     .headers
@@ -382,6 +388,7 @@ struct Kept {
 struct Done {
     ctx: Arc<Ctx>,
     span: Option<Span>,
+    trigger: Trigger,
     method: String,
     path: String,
     query: String,
@@ -404,6 +411,7 @@ impl Done {
             .class
             .or((failure == Some(Failure::Crash)).then_some(ErrorClass::Crash));
         metrics::get().invocation(Invocation {
+            trigger: self.trigger,
             status: self.status,
             took,
             error: class,
@@ -416,7 +424,7 @@ impl Done {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         observer.finish(Finished {
             span: self.span.clone(),
-            trigger: self.ctx.trigger,
+            trigger: self.trigger.as_str(),
             method: &self.method,
             path: &self.path,
             query: &self.query,
@@ -493,7 +501,12 @@ impl Body for ObservedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(trailers) = frame.trailers_mut() {
+                trailers.remove(ERROR_HEADER);
+            }
+        }
         match &polled {
             Poll::Ready(None) => {
                 if let Some(done) = this.done.take() {

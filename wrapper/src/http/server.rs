@@ -32,6 +32,7 @@ use crate::invoke::lambda::{self, StreamedBody};
 use crate::invoke::{self, Invoker, Outcome};
 use crate::observe;
 use crate::observe::metrics::{self, Invocation};
+use crate::request::trigger::TriggerRule;
 use crate::response::{self, Reply};
 
 /// An answer's body: whole, or streamed by a Lambda runtime.
@@ -41,7 +42,7 @@ type ResBody = Either<Full<Bytes>, StreamedBody>;
 struct Ctx {
     invoker: Arc<Invoker>,
     admission: Admission,
-    trigger: Trigger,
+    rule: TriggerRule,
     timeout: Duration,
 }
 
@@ -50,7 +51,8 @@ struct Ctx {
 /// [`DRAIN_LIMIT`](super::DRAIN_LIMIT), then stops the workers. Returns the exit status. The
 /// observer, the reaper and the signal handlers are the caller's ([`crate::commands`]).
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
-    metrics::get().configure(config.trigger, config.mode == Mode::Persistent);
+    let rule = TriggerRule::of_config(config);
+    metrics::get().configure(rule.usual(), config.mode == Mode::Persistent);
     if let Some(port) = config.telemetry.metrics_port {
         if let Err(e) = super::metrics::start(port).await {
             tracing::error!(port, error = %e, "cannot listen on RUNR_METRICS_PORT");
@@ -76,7 +78,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         mode = %config.mode.as_str(),
         command = ?config.command,
-        trigger = %config.trigger.as_str(),
+        trigger = %rule.as_str(),
         workers = config.workers,
         slots,
         max_queue = config.max_queue,
@@ -86,7 +88,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
     let ctx = Arc::new(Ctx {
         invoker: Arc::new(invoker),
         admission: Admission::new(slots, config.max_queue),
-        trigger: config.trigger,
+        rule,
         timeout: config.timeout,
     });
     serve_connections(listener, shutdown, |peer| {
@@ -121,12 +123,13 @@ async fn handle(
         preflight()
     } else {
         let arrived = Instant::now();
-        match invocation(&ctx, peer, req, arrived).await {
+        let trigger = ctx.rule.of(req.headers());
+        match invocation(&ctx, peer, req, trigger, arrived).await {
             Ok(res) => return Ok(res),
             Err(refusal) => {
                 // A client's request or the load, not a fault of ours: debug only.
                 tracing::debug!(refusal = refusal.as_str(), "request refused");
-                count_refusal(refusal, arrived);
+                count_refusal(refusal, trigger, arrived);
                 refusal.reply(ctx.timeout)
             }
         }
@@ -140,6 +143,7 @@ async fn invocation(
     ctx: &Ctx,
     peer: SocketAddr,
     req: hyper::Request<Incoming>,
+    trigger: Trigger,
     arrived: Instant,
 ) -> Result<hyper::Response<ResBody>, Refusal> {
     let version = req.version();
@@ -160,7 +164,7 @@ async fn invocation(
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/");
-    let mut request = Request::head(ctx.trigger, parts.method.as_str(), target, parts.headers);
+    let mut request = Request::head(trigger, parts.method.as_str(), target, parts.headers);
     // When it times out, for the handler (`RUNR_DEADLINE_MS`, `deadlineMs`): before the check,
     // as the variable is part of what must fit.
     request.deadline_ms = Some(invoke::deadline_ms(deadline));
@@ -232,10 +236,11 @@ fn observe(
 /// The metrics of a request answered before any handler ran: refusals (413, 431, 503) count in
 /// `runr_rejected_total` only; a request whose time ran out while it waited for a slot is an
 /// invocation that timed out.
-fn count_refusal(refusal: Refusal, arrived: Instant) {
+fn count_refusal(refusal: Refusal, trigger: Trigger, arrived: Instant) {
     match refusal.rejected() {
         Some(why) => metrics::get().rejected(why),
         None if refusal == Refusal::QueueTimedOut => metrics::get().invocation(Invocation {
+            trigger,
             status: StatusCode::GATEWAY_TIMEOUT.as_u16(),
             took: arrived.elapsed(),
             error: refusal.class(),

@@ -67,7 +67,7 @@ impl Ended {
             Ended::TimedOut => Some(ErrorClass::Timeout),
             Ended::OutputTooLarge => Some(ErrorClass::Limit),
             Ended::Unavailable => Some(ErrorClass::Unavailable),
-            // The body's own answer says (413: limit).
+            // The body's own answer says (413: limit; 400, 408: request).
             Ended::Refused => None,
         }
     }
@@ -382,6 +382,7 @@ pub fn finish(
         }
     } else {
         metrics::get().invocation(Invocation {
+            trigger: req.trigger,
             status: outcome.reply.status.as_u16(),
             took: elapsed,
             error: class,

@@ -8,8 +8,8 @@
 //!
 //! Why not the `prometheus-client` crate: measured on the release musl build it added 108 KiB
 //! (1,997,376 → 2,107,968 bytes for the registry, families and its text encoder alone), while
-//! this module's encoder is a few dozen lines; the fixed label sets (one trigger per process,
-//! four status classes, six error classes, three refusal reasons) need no registry.
+//! this module's encoder is a few dozen lines; the fixed label sets (three triggers, four
+//! status classes, six error classes, three refusal reasons) need no registry.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
@@ -70,10 +70,23 @@ impl Rejected {
 /// Every counter and gauge of the wrapper.
 #[derive(Debug)]
 pub struct Metrics {
-    /// The process's trigger, an index into [`TRIGGERS`].
-    trigger: AtomicU8,
+    /// The pod's usual trigger (an index into [`TRIGGERS`]): its series are shown from the
+    /// start, the other triggers' once they had an invocation.
+    usual: AtomicU8,
     /// Persistent mode: the worker metrics are exposed.
     persistent: AtomicBool,
+    /// The invocation counters, per trigger (in the order of [`TRIGGERS`]).
+    by_trigger: [PerTrigger; 3],
+    inflight: AtomicI64,
+    queued: AtomicI64,
+    worker_restarts: AtomicU64,
+    workers_alive: AtomicI64,
+    rejected: [AtomicU64; 3],
+}
+
+/// The counters of one trigger's invocations.
+#[derive(Debug)]
+struct PerTrigger {
     /// Finished invocations by status class: index 1 is 1xx ... 9 is 9xx.
     invocations: [AtomicU64; 10],
     errors: [AtomicU64; 6],
@@ -83,14 +96,34 @@ pub struct Metrics {
     buckets: [AtomicU64; 13],
     count: AtomicU64,
     sum_nanos: AtomicU64,
-    inflight: AtomicI64,
-    queued: AtomicI64,
-    worker_restarts: AtomicU64,
-    workers_alive: AtomicI64,
-    rejected: [AtomicU64; 3],
+}
+
+impl PerTrigger {
+    const fn new() -> PerTrigger {
+        PerTrigger {
+            invocations: [ZERO; 10],
+            errors: [ZERO; 6],
+            timeouts: ZERO,
+            coldstarts: ZERO,
+            buckets: [ZERO; 13],
+            count: ZERO,
+            sum_nanos: ZERO,
+        }
+    }
 }
 
 const TRIGGERS: [Trigger; 3] = [Trigger::Http, Trigger::Queue, Trigger::Schedule];
+
+/// The error classes `faas_errors_total` counts: those of invocations (a request whose body
+/// could not be read never became one).
+const COUNTED: [ErrorClass; 6] = [
+    ErrorClass::Timeout,
+    ErrorClass::Crash,
+    ErrorClass::Start,
+    ErrorClass::Limit,
+    ErrorClass::Overload,
+    ErrorClass::Unavailable,
+];
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
@@ -105,6 +138,8 @@ pub fn get() -> &'static Metrics {
 /// One finished invocation, as the metrics see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Invocation {
+    /// Where it came from.
+    pub trigger: Trigger,
     /// The status answered.
     pub status: u16,
     /// From the request's arrival to the answer.
@@ -127,17 +162,13 @@ impl Drop for Held {
 
 impl Metrics {
     /// Every count at zero (the process's one [`METRICS`]; a fresh one per unit test).
+    #[allow(clippy::declare_interior_mutable_const)]
     const fn new() -> Metrics {
+        const FRESH: PerTrigger = PerTrigger::new();
         Metrics {
-            trigger: AtomicU8::new(0),
+            usual: AtomicU8::new(0),
             persistent: AtomicBool::new(false),
-            invocations: [ZERO; 10],
-            errors: [ZERO; 6],
-            timeouts: ZERO,
-            coldstarts: ZERO,
-            buckets: [ZERO; 13],
-            count: ZERO,
-            sum_nanos: ZERO,
+            by_trigger: [FRESH; 3],
             inflight: AtomicI64::new(0),
             queued: AtomicI64::new(0),
             worker_restarts: ZERO,
@@ -146,33 +177,34 @@ impl Metrics {
         }
     }
 
-    /// Labels every series with `trigger`; `persistent` exposes the worker metrics.
-    pub fn configure(&self, trigger: Trigger, persistent: bool) {
-        let i = TRIGGERS.iter().position(|t| *t == trigger).unwrap_or(0);
-        self.trigger.store(i as u8, Ordering::Relaxed);
+    /// Shows the series of `usual` (the pod's trigger, or http when each request decides)
+    /// from the start; `persistent` exposes the worker metrics.
+    pub fn configure(&self, usual: Trigger, persistent: bool) {
+        self.usual
+            .store(trigger_index(usual) as u8, Ordering::Relaxed);
         self.persistent.store(persistent, Ordering::Relaxed);
     }
 
     /// Counts a finished invocation.
     pub fn invocation(&self, inv: Invocation) {
+        let t = &self.by_trigger[trigger_index(inv.trigger)];
         let class = usize::from(inv.status / 100).min(9);
-        self.invocations[class].fetch_add(1, Ordering::Relaxed);
-        if let Some(e) = inv.error {
-            let i = ErrorClass::ALL.iter().position(|c| *c == e).unwrap_or(0);
-            self.errors[i].fetch_add(1, Ordering::Relaxed);
-            if e == ErrorClass::Timeout {
-                self.timeouts.fetch_add(1, Ordering::Relaxed);
+        t.invocations[class].fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = inv.error.and_then(|e| COUNTED.iter().position(|c| *c == e)) {
+            t.errors[i].fetch_add(1, Ordering::Relaxed);
+            if COUNTED[i] == ErrorClass::Timeout {
+                t.timeouts.fetch_add(1, Ordering::Relaxed);
             }
         }
         if inv.cold_start {
-            self.coldstarts.fetch_add(1, Ordering::Relaxed);
+            t.coldstarts.fetch_add(1, Ordering::Relaxed);
         }
         let nanos = u64::try_from(inv.took.as_nanos()).unwrap_or(u64::MAX);
         if let Some(b) = BUCKET_NANOS.iter().position(|&limit| nanos <= limit) {
-            self.buckets[b].fetch_add(1, Ordering::Relaxed);
+            t.buckets[b].fetch_add(1, Ordering::Relaxed);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        t.count.fetch_add(1, Ordering::Relaxed);
+        t.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Counts a request refused before a handler ran.
@@ -213,8 +245,16 @@ impl Metrics {
 
     /// The Prometheus text exposition format (version 0.0.4) of every metric.
     pub fn render(&self) -> String {
-        let trigger = TRIGGERS[usize::from(self.trigger.load(Ordering::Relaxed)).min(2)].as_str();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let usual = usize::from(self.usual.load(Ordering::Relaxed)).min(2);
+        // The pod's usual trigger always, the others once they had an invocation.
+        let shown: Vec<(&str, &PerTrigger)> = TRIGGERS
+            .iter()
+            .zip(&self.by_trigger)
+            .enumerate()
+            .filter(|(i, (_, t))| *i == usual || get(&t.count) > 0)
+            .map(|(_, (trigger, t))| (trigger.as_str(), t))
+            .collect();
         let mut out = String::with_capacity(4096);
         header(
             &mut out,
@@ -222,14 +262,16 @@ impl Metrics {
             "counter",
             "Invocations by trigger and status class.",
         );
-        for (class, n) in self.invocations.iter().enumerate().skip(1) {
-            let n = get(n);
-            // 2xx-5xx always (zero included), other classes once they happened.
-            if (2..=5).contains(&class) || n > 0 {
-                let _ = writeln!(
-                    out,
-                    "faas_invocations_total{{trigger=\"{trigger}\",code=\"{class}xx\"}} {n}"
-                );
+        for (trigger, t) in &shown {
+            for (class, n) in t.invocations.iter().enumerate().skip(1) {
+                let n = get(n);
+                // 2xx-5xx always (zero included), other classes once they happened.
+                if (2..=5).contains(&class) || n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "faas_invocations_total{{trigger=\"{trigger}\",code=\"{class}xx\"}} {n}"
+                    );
+                }
             }
         }
         header(
@@ -238,29 +280,29 @@ impl Metrics {
             "counter",
             "Invocations answered by the wrapper instead of the handler, by error class.",
         );
-        for (class, n) in ErrorClass::ALL.iter().zip(&self.errors) {
-            let _ = writeln!(
-                out,
-                "faas_errors_total{{trigger=\"{trigger}\",type=\"{}\"}} {}",
-                class.as_str(),
-                get(n)
-            );
+        for (trigger, t) in &shown {
+            for (class, n) in COUNTED.iter().zip(&t.errors) {
+                let _ = writeln!(
+                    out,
+                    "faas_errors_total{{trigger=\"{trigger}\",type=\"{}\"}} {}",
+                    class.as_str(),
+                    get(n)
+                );
+            }
         }
-        single(
+        per_trigger(
             &mut out,
             "faas_timeouts_total",
-            "counter",
             "Invocations that ran into the timeout.",
-            trigger,
-            get(&self.timeouts),
+            &shown,
+            |t| get(&t.timeouts),
         );
-        single(
+        per_trigger(
             &mut out,
             "faas_coldstarts_total",
-            "counter",
             "First invocations of a process (the wrapper in exec mode, each worker in persistent mode).",
-            trigger,
-            get(&self.coldstarts),
+            &shown,
+            |t| get(&t.coldstarts),
         );
         header(
             &mut out,
@@ -268,22 +310,24 @@ impl Metrics {
             "histogram",
             "Time from a request's arrival to its answer.",
         );
-        let mut cumulative = 0;
-        for (le, n) in BUCKETS.iter().zip(&self.buckets) {
-            cumulative += get(n);
+        for (trigger, t) in &shown {
+            let mut cumulative = 0;
+            for (le, n) in BUCKETS.iter().zip(&t.buckets) {
+                cumulative += get(n);
+                let _ = writeln!(
+                    out,
+                    "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let count = get(&t.count);
             let _ = writeln!(
                 out,
-                "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"{le}\"}} {cumulative}"
+                "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"+Inf\"}} {count}\n\
+                 faas_invoke_duration_seconds_sum{{trigger=\"{trigger}\"}} {}\n\
+                 faas_invoke_duration_seconds_count{{trigger=\"{trigger}\"}} {count}",
+                get(&t.sum_nanos) as f64 / 1e9
             );
         }
-        let count = get(&self.count);
-        let _ = writeln!(
-            out,
-            "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"+Inf\"}} {count}\n\
-             faas_invoke_duration_seconds_sum{{trigger=\"{trigger}\"}} {}\n\
-             faas_invoke_duration_seconds_count{{trigger=\"{trigger}\"}} {count}",
-            get(&self.sum_nanos) as f64 / 1e9
-        );
         gauge(
             &mut out,
             "runr_inflight_invocations",
@@ -337,9 +381,22 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-fn single(out: &mut String, name: &str, kind: &str, help: &str, trigger: &str, n: u64) {
-    header(out, name, kind, help);
-    let _ = writeln!(out, "{name}{{trigger=\"{trigger}\"}} {n}");
+/// A counter with one series per shown trigger.
+fn per_trigger(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    shown: &[(&str, &PerTrigger)],
+    value: impl Fn(&PerTrigger) -> u64,
+) {
+    header(out, name, "counter", help);
+    for (trigger, t) in shown {
+        let _ = writeln!(out, "{name}{{trigger=\"{trigger}\"}} {}", value(t));
+    }
+}
+
+fn trigger_index(trigger: Trigger) -> usize {
+    TRIGGERS.iter().position(|t| *t == trigger).unwrap_or(0)
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, n: i64) {
@@ -375,6 +432,7 @@ mod tests {
             (101, ms(1), None, false),
         ] {
             m.invocation(Invocation {
+                trigger: Trigger::Queue,
                 status,
                 took,
                 error,
@@ -421,6 +479,49 @@ mod tests {
         assert!(
             !m.render().contains("runr_worker"),
             "exec mode has no workers"
+        );
+    }
+
+    #[test]
+    fn each_trigger_has_its_series_once_it_had_an_invocation() {
+        let m = fresh();
+        m.configure(Trigger::Http, false);
+        let text = m.render();
+        assert!(text.contains("faas_invocations_total{trigger=\"http\",code=\"2xx\"} 0"));
+        assert!(!text.contains("trigger=\"queue\""), "{text}");
+        m.invocation(Invocation {
+            trigger: Trigger::Queue,
+            status: 502,
+            took: Duration::from_millis(2),
+            error: Some(ErrorClass::Crash),
+            cold_start: false,
+        });
+        let text = m.render();
+        for line in [
+            "faas_invocations_total{trigger=\"http\",code=\"5xx\"} 0",
+            "faas_invocations_total{trigger=\"queue\",code=\"5xx\"} 1",
+            "faas_errors_total{trigger=\"queue\",type=\"crash\"} 1",
+            "faas_errors_total{trigger=\"http\",type=\"crash\"} 0",
+            "faas_invoke_duration_seconds_count{trigger=\"queue\"} 1",
+            "faas_timeouts_total{trigger=\"queue\"} 0",
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line}: {text}");
+        }
+        assert!(!text.contains("trigger=\"schedule\""), "{text}");
+        // One HELP/TYPE per family, every series of it right below.
+        assert_eq!(text.matches("# TYPE faas_errors_total").count(), 1);
+        let family: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# TYPE faas_timeouts_total"))
+            .skip(1)
+            .take_while(|l| !l.starts_with('#'))
+            .collect();
+        assert_eq!(
+            family,
+            [
+                "faas_timeouts_total{trigger=\"http\"} 0",
+                "faas_timeouts_total{trigger=\"queue\"} 0"
+            ]
         );
     }
 

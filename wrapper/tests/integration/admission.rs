@@ -147,24 +147,25 @@ fn the_wait_for_a_slot_counts_against_the_timeout() {
     let w = Wrapper::start(&vars(
         "exec",
         &fixtures().path("stress_handler"),
-        &[("RUNR_MAX_INFLIGHT", "1"), ("RUNR_TIMEOUT", "3")],
+        &[("RUNR_MAX_INFLIGHT", "1"), ("RUNR_TIMEOUT", "6")],
     ));
     let addr = w.addr();
     let first = std::thread::spawn(move || {
-        crate::support::Conn::open(addr).send("GET", "/sleep/2000", &[], Body::None)
+        crate::support::Conn::open(addr).send("GET", "/sleep/4000", &[], Body::None)
     });
     wait_for("the first handler to run", Duration::from_secs(30), || {
         (!children_of(w.pid() as i32).is_empty()).then_some(())
     });
-    // It waits about 2 s for the slot and would need 2 s more: its 3 s run out.
+    // It waits about 4 s for the slot and would need 4 s more: its 6 s run out (504). Had the
+    // wait not counted, it would have run its 4 s within a fresh 6 s and answered 200.
     let sent = Instant::now();
-    let second = w.get("/sleep/2000");
+    let second = w.get("/sleep/4000");
     let took = sent.elapsed();
     assert_eq!(second.status, 504, "{}", second.text());
-    assert_eq!(second.error(), "handler timed out after 3s");
+    assert_eq!(second.error(), "handler timed out after 6s");
     assert!(
-        took < Duration::from_millis(4500),
-        "{took:?}: the wait did not count"
+        took >= Duration::from_secs(5),
+        "{took:?}: answered before its time"
     );
     let first = first.join().unwrap();
     assert_eq!((first.status, first.text().as_str()), (200, "slept"));

@@ -91,38 +91,34 @@ fn exec_kill_grace_answers_504_at_the_timeout_and_kills_after_the_grace() {
     let pidfile = dir.path().join("pid");
     let mut v = env("exec", &["bash", "-c", TRAPS_TERM]);
     v.extend(vars(&[
-        ("RUNR_TIMEOUT", "1"),
-        ("RUNR_KILL_GRACE", "2s"),
+        ("RUNR_TIMEOUT", "3"),
+        ("RUNR_KILL_GRACE", "5s"),
         ("MARK", &mark.display().to_string()),
         ("PIDFILE", &pidfile.display().to_string()),
     ]));
     let w = Wrapper::start(&v);
     let started = Instant::now();
     let r = w.get("/");
-    let answered = started.elapsed();
     assert_eq!(
         (r.status, r.header("x-runr-error"), r.error().as_str()),
-        (504, Some("timeout"), "handler timed out after 1s")
+        (504, Some("timeout"), "handler timed out after 3s")
     );
-    assert!(
-        answered < Duration::from_millis(2500),
-        "the 504 waited for the grace: {answered:?}"
-    );
+    // The 504 came at the timeout, not after the grace: the handler still runs in it.
     let pid: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    wait_for("SIGTERM trapped", Duration::from_secs(5), || {
+    assert!(alive(pid), "the 504 waited for the grace");
+    wait_for("SIGTERM trapped", Duration::from_secs(60), || {
         mark.exists().then_some(())
     });
-    assert!(alive(pid), "still in its grace");
-    wait_for("killed after the grace", Duration::from_secs(10), || {
+    wait_for("killed after the grace", Duration::from_secs(60), || {
         (!alive(pid)).then_some(())
     });
     let gone = started.elapsed();
     assert!(
-        gone >= Duration::from_millis(2800),
+        gone >= Duration::from_millis(7800),
         "killed before the grace ran out: {gone:?}"
     );
     w.wait_log("handler outlived its kill grace");
@@ -135,7 +131,7 @@ fn exec_without_a_grace_kills_at_the_timeout() {
     let pidfile = dir.path().join("pid");
     let mut v = env("exec", &["bash", "-c", TRAPS_TERM]);
     v.extend(vars(&[
-        ("RUNR_TIMEOUT", "1"),
+        ("RUNR_TIMEOUT", "3"),
         ("MARK", &mark.display().to_string()),
         ("PIDFILE", &pidfile.display().to_string()),
     ]));
@@ -146,7 +142,7 @@ fn exec_without_a_grace_kills_at_the_timeout() {
         .trim()
         .parse()
         .unwrap();
-    wait_for("killed at once", Duration::from_secs(2), || {
+    wait_for("killed at once", Duration::from_secs(60), || {
         (!alive(pid)).then_some(())
     });
     assert!(!mark.exists(), "SIGKILL, not SIGTERM");
@@ -170,26 +166,25 @@ for line in sys.stdin:
 "#;
     let mut v = env("persistent", &["python3", "-u", "-c", script]);
     v.extend(vars(&[
-        ("RUNR_TIMEOUT", "1"),
-        ("RUNR_KILL_GRACE", "2s"),
+        ("RUNR_TIMEOUT", "3"),
+        ("RUNR_KILL_GRACE", "5s"),
         ("MARK", &mark.display().to_string()),
     ]));
     let w = Wrapper::start(&v);
     let pid = w.get_when_up("/").json()["pid"].as_i64().unwrap() as i32;
     let started = Instant::now();
     let r = w.get("/sleep");
-    let answered = started.elapsed();
     assert_eq!((r.status, r.header("x-runr-error")), (504, Some("timeout")));
-    assert!(answered < Duration::from_millis(2500), "{answered:?}");
-    wait_for("SIGTERM trapped", Duration::from_secs(5), || {
+    // Answered at the timeout: the worker still runs in its grace.
+    assert!(alive(pid), "the 504 waited for the grace");
+    wait_for("SIGTERM trapped", Duration::from_secs(60), || {
         mark.exists().then_some(())
     });
-    assert!(alive(pid), "still in its grace");
-    wait_for("killed after the grace", Duration::from_secs(10), || {
+    wait_for("killed after the grace", Duration::from_secs(60), || {
         (!alive(pid)).then_some(())
     });
     assert!(
-        started.elapsed() >= Duration::from_millis(2800),
+        started.elapsed() >= Duration::from_millis(7800),
         "{:?}",
         started.elapsed()
     );

@@ -236,6 +236,13 @@ fn unknown_runr_variables_are_named_in_one_warning_each_and_ignored() {
         ("RUNR_NOT_OURS_AT_ALL", "x".to_string()),
         // The tick's own variable, which the wrapper reads too: not unknown.
         ("RUNR_TICK_WAIT", "10s".to_string()),
+        // What the platform sets in every function container: not unknown either.
+        ("RUNR_MODE", "schedule".to_string()),
+        ("RUNR_FILENAME", "main.sh".to_string()),
+        ("RUNR_HANDLER", "handler".to_string()),
+        ("RUNR_MCP_GATEWAY_KEY", "k-123".to_string()),
+        ("RUNR_MODEL_GPT4_URL", "http://models/gpt4".to_string()),
+        ("K_SERVICE", "orders".to_string()),
     ];
     let r = run(&[], &vars, Duration::from_secs(30));
     assert_eq!(r.code, 0, "{}", r.stderr);

@@ -138,7 +138,7 @@ fn sigterm_drains_in_flight_requests_then_exits_0() {
         let r = c.join().unwrap();
         assert_eq!((r.status, r.text().as_str()), (200, "finished\n"));
     }
-    let status = w.child.wait_timeout(Duration::from_secs(10));
+    let status = w.child.wait_timeout(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", w.log());
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
@@ -156,7 +156,7 @@ fn sigterm_stops_persistent_workers() {
     let mut w = Wrapper::start(&vars);
     let pid = w.get("/").json()["pid"].as_i64().unwrap() as i32;
     w.child.signal(Signal::SIGTERM);
-    let status = w.child.wait_timeout(Duration::from_secs(10));
+    let status = w.child.wait_timeout(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", w.log());
     assert!(!alive(pid));
     assert_eq!(w.log().matches("worker stopped").count(), 2, "{}", w.log());
@@ -186,7 +186,7 @@ fn as_pid_1_no_zombies_after_10000_requests() {
     let mut w = Wrapper::start_with(cmd, &vars);
     // The wrapper is unshare's only child; in its namespace it is PID 1.
     let unshare_pid = w.child.pid() as i32;
-    let wrapper = wait_for("the wrapper process", Duration::from_secs(5), || {
+    let wrapper = wait_for("the wrapper process", Duration::from_secs(60), || {
         children_of(unshare_pid).first().map(|(pid, _)| *pid)
     });
     w.wait_log("running as PID 1");
@@ -199,7 +199,7 @@ fn as_pid_1_no_zombies_after_10000_requests() {
     });
     // SIGTERM to the wrapper itself (unshare just passes its exit status on).
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(wrapper), Signal::SIGTERM).unwrap();
-    let status = w.child.wait_timeout(Duration::from_secs(10));
+    let status = w.child.wait_timeout(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", w.log());
 }
 
@@ -221,7 +221,7 @@ fn a_worker_ignoring_sigterm_is_killed_after_5s() {
         .unwrap();
     let started = std::time::Instant::now();
     w.child.signal(Signal::SIGTERM);
-    let status = w.child.wait_timeout(Duration::from_secs(15));
+    let status = w.child.wait_timeout(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", w.log());
     assert!(
         started.elapsed() >= Duration::from_secs(5),

@@ -24,3 +24,4 @@ mod stress;
 mod structured_logs;
 mod support;
 mod telemetry_support;
+mod triggers;

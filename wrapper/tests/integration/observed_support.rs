@@ -229,12 +229,12 @@ impl Collector {
         Collector { port, rx }
     }
 
-    /// The next export's spans (flattened), waiting up to 20 s.
+    /// The next export's spans (flattened), waiting up to 60 s.
     pub fn next_spans(&self) -> (String, String, serde_json::Value, Vec<serde_json::Value>) {
         let (path, ctype, doc) = self
             .rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("an OTLP export within 20 s");
+            .recv_timeout(Duration::from_secs(60))
+            .expect("an OTLP export within 60 s");
         let mut spans = Vec::new();
         for rs in doc["resourceSpans"].as_array().unwrap() {
             for ss in rs["scopeSpans"].as_array().unwrap() {

@@ -21,11 +21,13 @@ fn exec_mode_is_ready_once_listening() {
     assert_eq!(probe(&w), (200, "ok".to_string()));
 }
 
-/// A worker with the ready handshake: it waits `$DELAY_<slot>` seconds, says it is ready (or,
-/// when the file `$DOWN` exists, exits first), then answers whether a request had arrived
-/// before it was ready.
+/// A worker with the ready handshake: it waits until the file `$GATE_<slot>` exists (when that
+/// is set), says it is ready (or, when the file `$DOWN` exists, exits first), then answers
+/// whether a request had arrived before it was ready.
 const HANDSHAKE: &str = r#"import json, os, select, sys, time
-time.sleep(float(os.environ.get("DELAY_" + os.environ["RUNR_WORKER"], "0")))
+gate = os.environ.get("GATE_" + os.environ["RUNR_WORKER"])
+while gate and not os.path.exists(gate):
+    time.sleep(0.01)
 if os.path.exists(os.environ["DOWN"]):
     sys.exit(4)
 early = bool(select.select([sys.stdin], [], [], 0)[0])
@@ -57,8 +59,10 @@ fn handshake_worker(extra: &[(&str, &str)]) -> (Wrapper, tempfile::TempDir) {
 
 #[test]
 fn persistent_mode_waits_for_every_worker_to_say_ready() {
-    // Worker 1 takes 2 s to get ready, worker 0 none.
-    let (w, _dir) = handshake_worker(&[("RUNR_WORKERS", "2"), ("DELAY_1", "2")]);
+    // Worker 1 gets ready when the test lets it, worker 0 at once.
+    let gate = tempfile::tempdir().unwrap();
+    let open = gate.path().join("open");
+    let (w, _dir) = handshake_worker(&[("RUNR_WORKERS", "2"), ("GATE_1", open.to_str().unwrap())]);
     let p = probe(&w);
     assert_eq!(
         (p.0, p.1.as_str()),
@@ -69,7 +73,8 @@ fn persistent_mode_waits_for_every_worker_to_say_ready() {
     let r = w.get("/");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["worker"], "0");
-    wait_for("both ready", Duration::from_secs(20), || {
+    std::fs::write(&open, b"").unwrap();
+    wait_for("both ready", Duration::from_secs(60), || {
         (probe(&w).0 == 200).then_some(())
     });
     assert_eq!(probe(&w), (200, "ok".to_string()));
@@ -78,17 +83,31 @@ fn persistent_mode_waits_for_every_worker_to_say_ready() {
 
 #[test]
 fn no_request_reaches_a_worker_before_its_ready_line() {
-    let (w, _dir) = handshake_worker(&[("DELAY_0", "1")]);
-    // Sent while the only worker is still starting: it waits for the ready line.
-    let started = std::time::Instant::now();
-    let r = w.get("/");
+    let gate = tempfile::tempdir().unwrap();
+    let open = gate.path().join("open");
+    let (w, _dir) = handshake_worker(&[
+        ("GATE_0", open.to_str().unwrap()),
+        ("RUNR_METRICS_PORT", "0"),
+    ]);
+    // Sent while the only worker is still starting: it waits (seen in the queue gauge) until
+    // the worker has said it is ready.
+    let addr = w.addr();
+    let waiting = std::thread::spawn(move || {
+        crate::support::Conn::open(addr).send("GET", "/", &[], crate::support::Body::None)
+    });
+    let m = crate::telemetry_support::metrics_addr(&w);
+    wait_for("the request waiting", Duration::from_secs(60), || {
+        (crate::telemetry_support::scrape(m).value("runr_queued_invocations", &[]) == 1.0)
+            .then_some(())
+    });
+    std::fs::write(&open, b"").unwrap();
+    let r = waiting.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.json()["early"],
         false,
         "the request was written before ready"
     );
-    assert!(started.elapsed() >= Duration::from_millis(500));
     // The ready line itself is protocol, not an answer and not a log line.
     assert!(!w.log().contains("{\"ready\": true}"), "{}", w.log());
 }
@@ -132,17 +151,31 @@ fn a_worker_exiting_before_ready_is_restarted_with_doubling_backoff() {
     let mut v = env("persistent", &["bash", "-c", &script]);
     v.extend(vars(&[("RUNR_WORKER_READY", "1")]));
     let w = Wrapper::start(&v);
-    let times = wait_for("five starts", Duration::from_secs(20), || {
+    let times = wait_for("five starts", Duration::from_secs(120), || {
         let text = std::fs::read_to_string(&starts).unwrap_or_default();
         let t: Vec<f64> = text.lines().filter_map(|l| l.parse().ok()).collect();
         (t.len() >= 5).then_some(t)
     });
-    let gaps: Vec<f64> = times.windows(2).map(|p| p[1] - p[0]).collect();
-    // 0.1, 0.2, 0.4, 0.8 s plus the 50 ms it lived each time.
-    assert!(
-        gaps[3] > gaps[1] * 1.5 && gaps[2] > gaps[0] * 1.3,
-        "{gaps:?}"
-    );
+    // The delays the wrapper chose, doubling, and each waited out before the next start.
+    let delays: Vec<u64> = w
+        .log()
+        .lines()
+        .filter(|l| l.contains("restarting worker slot=0 "))
+        .filter_map(|l| {
+            l.split_once("delay_ms=")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .take(4)
+        .collect();
+    assert_eq!(delays, [100, 200, 400, 800], "{}", w.log());
+    for (i, pair) in times.windows(2).take(4).enumerate() {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= delays[i] as f64 / 1000.0 * 0.99, "{i}: {gap:.3}s");
+    }
     assert_eq!(probe(&w).0, 503);
 }
 

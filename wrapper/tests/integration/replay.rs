@@ -21,7 +21,7 @@ fn replay_vars(file: &Path) -> Vec<(&'static str, String)> {
         ("RUNR_TRACING", "1".to_string()),
         ("RUNR_REPLAY_FILE", file.to_string_lossy().into_owned()),
         ("RUNR_REPLAY_MAX_BODY", "8".to_string()),
-        ("RUNR_TIMEOUT", "500ms".to_string()),
+        ("RUNR_TIMEOUT", "5s".to_string()),
     ]
 }
 
@@ -53,9 +53,9 @@ fn proxy_captures_500s_timeouts_and_crashes() {
         200,
         "not captured"
     );
-    let r = Conn::open(w.addr()).send("GET", "/sleep?s=5", &[], Body::None);
+    let r = Conn::open(w.addr()).send("GET", "/sleep?s=60", &[], Body::None);
     assert_eq!(r.status, 504);
-    assert_eq!(r.error(), "handler timed out after 0.5s");
+    assert_eq!(r.error(), "handler timed out after 5s");
     // The program breaks off its answer: the client sees a short body and a closed connection.
     let mut s = TcpStream::connect(w.addr()).unwrap();
     s.write_all(b"GET /crash HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -106,7 +106,7 @@ fn exec_mode_captures_crashes_and_timeouts_and_logs_access_lines() {
         &[
             "sh",
             "-c",
-            r#"cat >/dev/null; case "$RUNR_PATH" in /fail) exit 3;; /slow) exec sleep 5;; *) echo ok;; esac"#,
+            r#"cat >/dev/null; case "$RUNR_PATH" in /fail) exit 3;; /slow) exec sleep 60;; *) echo ok;; esac"#,
         ],
     );
     vars.extend(

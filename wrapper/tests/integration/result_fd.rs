@@ -90,7 +90,7 @@ fn exec_stdout_lines_are_handler_lines_of_the_invocation_in_json() {
     let w = exec_fd3(&[("RUNR_LOG_FORMAT", "json")]);
     let r = w.send("GET", "/?n=5", &[("X-Request-Id", "j-1")], b"");
     assert_eq!(r.body, expected(5));
-    let log = wait_for("both stdout lines", Duration::from_secs(10), || {
+    let log = wait_for("both stdout lines", Duration::from_secs(60), || {
         let log = w.log();
         log.contains("done j-1").then_some(log)
     });

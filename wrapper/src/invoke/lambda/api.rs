@@ -7,7 +7,7 @@
 //! - `POST …/invocation/{id}/response` → 202; above 6 MiB 413 `RequestEntityTooLarge`;
 //!   with `Lambda-Runtime-Function-Response-Mode: streaming` the body goes to the client as it
 //!   comes, and error trailers end it early;
-//! - `POST …/invocation/{id}/error` → 202;
+//! - `POST …/invocation/{id}/error` → 202 (a document up to 6 MiB, read whole; above, 413);
 //! - `POST /2018-06-01/runtime/init/error` → 202, the runtime is restarted;
 //! - an id that is not the runtime's → 400 `InvalidRequestID`; a second answer, or a request
 //!   out of order → 403 `InvalidStateTransition`; a body cut off → 400
@@ -37,8 +37,9 @@ pub const ERROR_TYPE: &str = "lambda-runtime-function-error-type";
 /// Pieces of a streamed response in flight between runtime and client at most: a client that
 /// reads slowly slows the runtime's upload down rather than filling memory.
 const STREAM_BUFFER: usize = 16;
-/// Largest error body read (`/error`, `/init/error`); what is beyond is dropped.
-const MAX_ERROR_BODY: usize = 1024 * 1024;
+/// Largest init error body read (`/init/error`); what is beyond is dropped. An invocation's
+/// error document (`/error`) may be as large as a response: [`MAX_PAYLOAD`].
+const MAX_ERROR_BODY: usize = MAX_PAYLOAD;
 /// How much of an oversized response is read (and dropped) before it is refused, so that a
 /// runtime that sends it without waiting still reads the 413 instead of a reset.
 const MAX_DRAIN: usize = 64 * 1024 * 1024;
@@ -218,6 +219,9 @@ fn event_response(api: &Api, e: NextEvent) -> ApiResponse {
     if let Some(trace) = e.trace_id {
         h.insert("lambda-runtime-trace-id", trace);
     }
+    if let Some(context) = e.client_context {
+        h.insert("lambda-runtime-client-context", context);
+    }
     res
 }
 
@@ -256,12 +260,7 @@ async fn response(api: &Api, id: &str, req: hyper::Request<Incoming>) -> ApiResp
         api.slot.answer_done(id);
         return res;
     }
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let read = if declared.is_some_and(|n| n > MAX_PAYLOAD as u64) {
+    let read = if declared_length(&req).is_some_and(|n| n > MAX_PAYLOAD as u64) {
         drain(req.into_body()).await.map(|_| None)
     } else {
         read_capped(req.into_body(), MAX_PAYLOAD).await
@@ -336,11 +335,17 @@ async fn error(api: &Api, id: &str, req: hyper::Request<Incoming>) -> ApiRespons
         Err(e) => return reject(&e),
     };
     let header_type = error_type_header(&req);
-    let (delivery, res) = match read_error_body(req.into_body()).await {
-        Ok(body) => (
+    // Whole or not at all: a document cut short would lose its errorMessage and errorType.
+    let read = match declared_length(&req) {
+        Some(n) if n > MAX_PAYLOAD as u64 => drain(req.into_body()).await.map(|_| None),
+        _ => read_capped(req.into_body(), MAX_PAYLOAD).await,
+    };
+    let (delivery, res) = match read {
+        Ok(Some(body)) => (
             Delivery::Error(result::parse_error(header_type.as_deref(), body)),
             accepted(),
         ),
+        Ok(None) => (Delivery::Failed(Failure::ErrorTooLarge), too_large()),
         Err(()) => (Delivery::Failed(Failure::Truncated), truncated()),
     };
     let _ = reply.send(delivery);
@@ -363,6 +368,14 @@ async fn init_error(api: &Api, req: hyper::Request<Incoming>) -> ApiResponse {
     );
     api.shared.init_failed(&err);
     accepted()
+}
+
+/// The request's `Content-Length`, when it declares one.
+fn declared_length(req: &hyper::Request<Incoming>) -> Option<u64> {
+    req.headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 fn error_type_header(req: &hyper::Request<Incoming>) -> Option<String> {

@@ -53,6 +53,13 @@ pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
 /// The header the emulator's invoke API (and Lambda's) marks a function error with.
 const FUNCTION_ERROR: HeaderName = HeaderName::from_static("x-amz-function-error");
 
+/// The invoke API's client context: base64 of a JSON object (Lambda's `Invoke` parameter
+/// `ClientContext`).
+pub const CLIENT_CONTEXT: HeaderName = HeaderName::from_static("x-amz-client-context");
+
+/// Longest `X-Amz-Client-Context` Lambda's `Invoke` takes, in bytes of base64.
+const MAX_CLIENT_CONTEXT: usize = 3583;
+
 /// What the slots share.
 pub struct Shared {
     /// The invocations waiting for a runtime; a slot's supervisor takes one when its runtime
@@ -146,7 +153,6 @@ pub struct Lambda {
     slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
     runtimes: usize,
     timeout: Duration,
-    trigger: Trigger,
     region: String,
     invoke_api: bool,
 }
@@ -222,7 +228,6 @@ impl Lambda {
             slots: std::sync::Mutex::new(slots),
             runtimes: config.workers,
             timeout: config.timeout,
-            trigger: config.trigger,
             region: lc.region.clone(),
             invoke_api: lc.invoke_api,
         })
@@ -253,6 +258,19 @@ impl Lambda {
         hold: impl Send + 'static,
     ) -> Answer {
         let kind = self.kind_of(&req);
+        let client_context = match kind {
+            Kind::InvokeApi => match client_context(&req.headers) {
+                Ok(context) => context,
+                Err(message) => {
+                    return Answer::Whole(Reply::failure(
+                        ErrorClass::Request,
+                        StatusCode::BAD_REQUEST,
+                        message,
+                    ))
+                }
+            },
+            _ => None,
+        };
         if req.body.len() > MAX_PAYLOAD {
             // Lambda's limit, below the server's own.
             return Answer::Whole(Reply::failure(
@@ -277,7 +295,11 @@ impl Lambda {
             now: when,
         };
         let hold = Hold::new(hold);
-        let mapped = self.run(kind, &req, &ctx, trace_id, deadline, hold).await;
+        let next = NextHeaders {
+            trace_id,
+            client_context,
+        };
+        let mapped = self.run(kind, &req, &ctx, next, deadline, hold).await;
         match mapped {
             Mapped::Whole(outcome) => {
                 observe(&req, &outcome, arrived, started);
@@ -322,7 +344,14 @@ impl Lambda {
             now: SystemTime::now(),
         };
         match self
-            .run(kind, req, &ctx, None, deadline, Hold::new(()))
+            .run(
+                kind,
+                req,
+                &ctx,
+                NextHeaders::default(),
+                deadline,
+                Hold::new(()),
+            )
             .await
         {
             Mapped::Whole(outcome) => outcome,
@@ -352,7 +381,7 @@ impl Lambda {
         if self.invoke_api && req.method == "POST" && is_invoke_path(&req.path) {
             return Kind::InvokeApi;
         }
-        match self.trigger {
+        match req.trigger {
             Trigger::Http => Kind::Http,
             Trigger::Queue => Kind::Queue,
             Trigger::Schedule => Kind::Schedule,
@@ -365,7 +394,7 @@ impl Lambda {
         kind: Kind,
         req: &Request,
         ctx: &events::HttpContext<'_>,
-        trace_id: Option<HeaderValue>,
+        next: NextHeaders,
         deadline: Instant,
         hold: Hold,
     ) -> Mapped {
@@ -393,7 +422,8 @@ impl Lambda {
             deadline_ms: runr_base::fmt::unix_millis(
                 SystemTime::now() + deadline.saturating_duration_since(Instant::now()),
             ),
-            trace_id,
+            trace_id: next.trace_id,
+            client_context: next.client_context,
             reply: tx,
             hold,
         };
@@ -507,6 +537,11 @@ impl Lambda {
                 StatusCode::BAD_GATEWAY,
                 "the function's response exceeds 6 MiB",
             ),
+            Failure::ErrorTooLarge => Outcome::failed(
+                Ended::OutputTooLarge,
+                StatusCode::BAD_GATEWAY,
+                "the function's error document exceeds 6 MiB",
+            ),
             Failure::Truncated => Outcome::failed(
                 Ended::WorkerExited,
                 StatusCode::BAD_GATEWAY,
@@ -519,7 +554,7 @@ impl Lambda {
             )),
             Failure::Init(err) => Outcome {
                 ended: Ended::FailedToStart,
-                ..Outcome::answered(result::error_reply(&err))
+                ..Outcome::answered(result::init_error_reply(&err))
             },
             Failure::TimedOut => Outcome::timed_out(self.timeout),
         }
@@ -560,6 +595,41 @@ fn function_error(kind: Kind, err: &FunctionError) -> Outcome {
         .headers
         .push((FUNCTION_ERROR, HeaderValue::from_static("Unhandled")));
     Outcome::answered(reply)
+}
+
+/// What a runtime's `/next` carries besides the event, per invocation.
+#[derive(Debug, Default)]
+struct NextHeaders {
+    /// `Lambda-Runtime-Trace-Id`.
+    trace_id: Option<HeaderValue>,
+    /// `Lambda-Runtime-Client-Context`.
+    client_context: Option<HeaderValue>,
+}
+
+/// The invoke API's `X-Amz-Client-Context` as the runtime reads it in
+/// `Lambda-Runtime-Client-Context`: decoded from base64 to the JSON object itself, as the
+/// emulator passes it (awslambdaric parses it into `context.client_context`). `Err`: why the
+/// request is refused (400).
+pub fn client_context(headers: &HeaderMap) -> Result<Option<HeaderValue>, &'static str> {
+    use base64::Engine;
+    let Some(value) = headers.get(CLIENT_CONTEXT).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if value.len() > MAX_CLIENT_CONTEXT {
+        return Err("X-Amz-Client-Context is longer than 3583 bytes");
+    }
+    const NOT_BASE64_JSON: &str = "X-Amz-Client-Context must be a base64-encoded JSON object";
+    let json = base64::engine::general_purpose::STANDARD
+        .decode(value.as_bytes().trim_ascii())
+        .map_err(|_| NOT_BASE64_JSON)?;
+    match serde_json::from_slice::<serde_json::Value>(&json) {
+        // As sent when a header can carry it; written on one line when it cannot.
+        Ok(object @ serde_json::Value::Object(_)) => HeaderValue::from_bytes(json.trim_ascii())
+            .or_else(|_| HeaderValue::from_bytes(object.to_string().as_bytes()))
+            .map(Some)
+            .map_err(|_| NOT_BASE64_JSON),
+        _ => Err(NOT_BASE64_JSON),
+    }
 }
 
 /// How the start of an HTTP-integration stream read.
@@ -707,6 +777,32 @@ mod tests {
                 matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'),
                 "{id}"
             );
+        }
+    }
+
+    #[test]
+    fn client_contexts_are_base64_json_objects_passed_decoded() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let of = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(CLIENT_CONTEXT, HeaderValue::from_str(v).unwrap());
+            client_context(&h)
+        };
+        assert_eq!(client_context(&HeaderMap::new()), Ok(None));
+        assert_eq!(of(""), Ok(None));
+        let custom = r#"{"custom":{"foo":"bar","baz":123}}"#;
+        assert_eq!(of(&b64(custom)).unwrap().unwrap(), custom);
+        // A document over several lines goes on one.
+        let pretty = "{\n  \"custom\": {\"a\": 1}\n}";
+        assert_eq!(of(&b64(pretty)).unwrap().unwrap(), r#"{"custom":{"a":1}}"#);
+        for bad in [
+            b64("[1]"),
+            b64("not json"),
+            "%%%".to_string(),
+            "x".repeat(3584),
+        ] {
+            assert!(of(&bad).is_err(), "{bad}");
         }
     }
 

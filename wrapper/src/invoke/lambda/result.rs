@@ -18,7 +18,10 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, SET_COOKIE};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::response::{body_from_json, headers_from_json, status_code, Reply, JSON, OCTETS, TEXT};
+use crate::response::{
+    body_from_json, headers_from_json, status_code, ErrorClass, Reply, ERROR_HEADER, JSON, OCTETS,
+    TEXT,
+};
 
 /// The content type of a streamed response that starts with the HTTP-integration prelude.
 pub const HTTP_INTEGRATION: &str = "application/vnd.awslambda.http-integration-response";
@@ -122,14 +125,30 @@ pub fn error_reply(err: &FunctionError) -> Reply {
     Reply::with_type(StatusCode::BAD_GATEWAY, JSON, Bytes::from(body))
 }
 
+/// The answer to the invocations a runtime's init error failed: [`error_reply`] marked as the
+/// wrapper's own `start` failure (the function never got to answer).
+pub fn init_error_reply(err: &FunctionError) -> Reply {
+    let mut reply = error_reply(err);
+    reply.headers.push((
+        ERROR_HEADER,
+        HeaderValue::from_static(ErrorClass::Start.as_str()),
+    ));
+    reply
+}
+
 /// A result as API Gateway maps a payload format 2.0 result (see the module docs); a result
-/// that is not JSON, or an object with a bad `statusCode` or base64 body, answers 502.
+/// that is not JSON, or an object with a bad `statusCode` or base64 body, answers 502 `crash`
+/// (nothing the function sent can be answered).
 pub fn http_reply(result: &Bytes) -> Reply {
     let text = result.trim_ascii();
     let value: Value = match serde_json::from_slice(text) {
         Ok(v) => v,
         Err(_) => {
-            return Reply::error(StatusCode::BAD_GATEWAY, "the function's result is not JSON")
+            return Reply::failure(
+                ErrorClass::Crash,
+                StatusCode::BAD_GATEWAY,
+                "the function's result is not JSON",
+            )
         }
     };
     match value {
@@ -145,7 +164,8 @@ fn from_v2_object(mut map: Map<String, Value>) -> Reply {
             .get("statusCode")
             .map(Value::to_string)
             .unwrap_or_default();
-        return Reply::error(
+        return Reply::failure(
+            ErrorClass::Crash,
             StatusCode::BAD_GATEWAY,
             &format!("the function returned an invalid statusCode {got}"),
         );
@@ -158,7 +178,8 @@ fn from_v2_object(mut map: Map<String, Value>) -> Reply {
         add_cookies(c, &mut headers);
     }
     let Ok((body, default_type)) = body_from_json(&mut map) else {
-        return Reply::error(
+        return Reply::failure(
+            ErrorClass::Crash,
             StatusCode::BAD_GATEWAY,
             "the function returned isBase64Encoded with a body that is not base64",
         );
@@ -407,6 +428,8 @@ mod tests {
             let r = http(bad);
             assert_eq!(r.status, 502, "{bad}");
             assert_eq!(header(&r, "content-type"), [JSON]);
+            // Nothing the function sent could be answered: the wrapper's own crash answer.
+            assert_eq!(header(&r, "x-runr-error"), ["crash"], "{bad}");
             let v: Value = serde_json::from_slice(&r.body).unwrap();
             assert!(
                 v["error"].as_str().unwrap().starts_with("the function"),
@@ -432,6 +455,17 @@ mod tests {
             r#"{"error":"boom","errorType":"ValueError"}"#
         );
         assert_eq!(error_reply(&e).status, 502);
+        // A function error is the function's own answer; an init error is the wrapper's.
+        assert!(header(&error_reply(&e), "x-runr-error").is_empty());
+        let init = init_error_reply(&e);
+        assert_eq!(
+            (
+                init.status.as_u16(),
+                header(&init, "x-runr-error"),
+                &init.body
+            ),
+            (502, vec!["start"], &error_reply(&e).body)
+        );
         let e = parse_error(
             Some("Runtime.Custom"),
             Bytes::from_static(b" plain text \n"),

@@ -35,6 +35,9 @@ pub struct Job {
     pub deadline_ms: u64,
     /// `Lambda-Runtime-Trace-Id`, when tracing is on.
     pub trace_id: Option<HeaderValue>,
+    /// `Lambda-Runtime-Client-Context`: what the invoke API's caller sent as
+    /// `X-Amz-Client-Context`, decoded.
+    pub client_context: Option<HeaderValue>,
     /// Where the runtime's answer goes.
     pub reply: oneshot::Sender<Delivery>,
     /// Held until a runtime is done with the invocation (the server's admission slot).
@@ -109,6 +112,8 @@ pub enum Failure {
     Exited(i32),
     /// The response was above the payload limit.
     TooLarge,
+    /// The error document (`/error`) was above the payload limit.
+    ErrorTooLarge,
     /// The runtime's `/response` or `/error` request broke off.
     Truncated,
     /// `Lambda-Runtime-Function-Response-Mode` was neither absent nor `streaming`.
@@ -183,6 +188,7 @@ struct Busy {
     deadline: Instant,
     deadline_ms: u64,
     trace_id: Option<HeaderValue>,
+    client_context: Option<HeaderValue>,
     /// Taken when the runtime starts answering.
     reply: Option<oneshot::Sender<Delivery>>,
     /// Dropped with this state: when the runtime is done with the invocation.
@@ -230,6 +236,8 @@ pub struct NextEvent {
     pub deadline_ms: u64,
     /// `Lambda-Runtime-Trace-Id`.
     pub trace_id: Option<HeaderValue>,
+    /// `Lambda-Runtime-Client-Context`.
+    pub client_context: Option<HeaderValue>,
 }
 
 /// What the supervisor waits for next.
@@ -376,6 +384,7 @@ impl Slot {
                 deadline: job.deadline,
                 deadline_ms: job.deadline_ms,
                 trace_id: job.trace_id,
+                client_context: job.client_context,
                 reply: Some(job.reply),
                 hold: job.hold,
                 answering: None,
@@ -425,6 +434,7 @@ impl Slot {
                         deadline: b.deadline,
                         deadline_ms: b.deadline_ms,
                         trace_id: b.trace_id,
+                        client_context: b.client_context,
                         reply,
                         hold: b.hold,
                     }),
@@ -583,6 +593,7 @@ fn next_event(b: &mut Busy) -> NextEvent {
         event: b.event.clone(),
         deadline_ms: b.deadline_ms,
         trace_id: b.trace_id.clone(),
+        client_context: b.client_context.clone(),
     }
 }
 
@@ -599,6 +610,7 @@ mod tests {
             deadline: Instant::now() + timeout,
             deadline_ms: 1,
             trace_id: None,
+            client_context: None,
             reply: tx,
             hold: Hold::new(()),
         };
@@ -763,6 +775,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(60),
             deadline_ms: 1,
             trace_id: None,
+            client_context: None,
             reply: tx,
             hold: Hold::new(held.clone()),
         };

@@ -8,7 +8,7 @@ mod api;
 mod python;
 mod rust;
 mod shell;
-mod support;
+pub mod support;
 
 use std::path::Path;
 

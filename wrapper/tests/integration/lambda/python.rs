@@ -183,6 +183,126 @@ fn function_errors_are_502_with_their_type_and_the_runtime_lives_on() {
     );
 }
 
+/// A function whose error messages are as long as the event (or an HTTP request's body) asks
+/// (`{"mib": n}` of them), and that answers its client context's `custom` part.
+const LARGE_ERRORS: &str = r#"import json, os
+def handler(event, context):
+    if "rawPath" in event:
+        # An HTTP request: what it asks is in its body.
+        event = json.loads(event.get("body") or "{}")
+    if "mib" in event:
+        raise ValueError("m" * int(event["mib"] * 1024 * 1024))
+    cc = context.client_context
+    return {"custom": cc.custom if cc else None, "pid": os.getpid()}
+"#;
+
+fn large_errors() -> Function {
+    require_python("awslambdaric");
+    let command = awslambdaric("app.handler");
+    Function::start(
+        &[("app.py", LARGE_ERRORS)],
+        &[
+            ("RUNR_COMMAND", command.as_str()),
+            ("RUNR_LAMBDA_INVOKE_API", "1"),
+        ],
+    )
+}
+
+const INVOKE: &str = "/2015-03-31/functions/function/invocations";
+
+#[test]
+fn error_documents_up_to_6_mib_keep_their_message_and_type() {
+    let f = large_errors();
+    let pid = f.post(INVOKE, b"{}").json()["pid"].clone();
+    for mib in [1.5, 5.0] {
+        let event = format!(r#"{{"mib": {mib}}}"#);
+        let len = (mib * 1024.0 * 1024.0) as usize;
+        // The invoke API answers the document as the runtime sent it.
+        let r = f.post(INVOKE, event.as_bytes());
+        assert_eq!(
+            (r.status, r.header("x-amz-function-error")),
+            (200, Some("Unhandled"))
+        );
+        let doc = r.json();
+        assert_eq!(doc["errorType"], "ValueError", "{mib} MiB");
+        assert_eq!(doc["errorMessage"].as_str().map(str::len), Some(len));
+        // An HTTP client gets the type and the message's first 4 KiB, in well-formed JSON.
+        let r = f.send(
+            "POST",
+            "/",
+            &[("content-type", "application/json")],
+            event.as_bytes(),
+        );
+        assert_eq!((r.status, r.header("x-runr-error")), (502, None));
+        let got = r.json();
+        assert_eq!(got["errorType"], "ValueError", "{mib} MiB");
+        assert_eq!(got["error"], "m".repeat(4096), "{mib} MiB");
+    }
+    // Function errors leave the runtime running.
+    assert_eq!(f.post(INVOKE, b"{}").json()["pid"], pid);
+    // Above the limit: the runtime is told (413) and the client gets the wrapper's 502.
+    let r = f.post(INVOKE, br#"{"mib": 7}"#);
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-runr-error"),
+            r.json()["error"].as_str()
+        ),
+        (
+            502,
+            Some("limit"),
+            Some("the function's error document exceeds 6 MiB")
+        )
+    );
+    // awslambdaric exits when the Runtime API refuses a post; the next invocation is served
+    // (by the runtime started again).
+    let r = f.post(INVOKE, b"{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn the_invoke_apis_client_context_reaches_context_client_context() {
+    use base64::Engine;
+    let f = large_errors();
+    let addr = f.addr();
+    // Concurrent callers, each with a context of its own.
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                for n in 0..5 {
+                    let custom = json!({"caller": i, "n": n, "note": "é ünïcode"});
+                    let context = json!({"custom": custom, "client": {"app_title": "t"}});
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(context.to_string());
+                    let r = c.send(
+                        "POST",
+                        INVOKE,
+                        &[("X-Amz-Client-Context", &b64)],
+                        Body::Sized(b"{}"),
+                    );
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    assert_eq!(r.json()["custom"], custom);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // None sent, none seen.
+    assert_eq!(f.post(INVOKE, b"{}").json()["custom"], Value::Null);
+    // Not base64 of a JSON object: the caller's mistake, refused before the function runs.
+    for bad in ["%%%", "WzFd", "bm90IGpzb24="] {
+        let r = f.send("POST", INVOKE, &[("X-Amz-Client-Context", bad)], b"{}");
+        assert_eq!(
+            (r.status, r.header("x-runr-error")),
+            (400, Some("request")),
+            "{bad}: {}",
+            r.text()
+        );
+    }
+}
+
 #[test]
 fn an_init_error_answers_the_waiting_invocation_and_the_runtime_is_restarted() {
     require_python("awslambdaric");
@@ -233,12 +353,12 @@ fn a_runtime_that_initialises_on_its_second_start_becomes_ready() {
 fn the_timeout_kills_the_runtime_group_and_a_new_runtime_serves_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("grandchild.pid");
-    let f = app(&[("RUNR_TIMEOUT", "1")]);
+    let f = app(&[("RUNR_TIMEOUT", "3")]);
     f.wait_ready();
     let runtime = pid_of(&f.get("/"));
     let r = f.get(&format!("/grandchild?file={}", pidfile.display()));
     assert_eq!(r.status, 504, "{}", r.text());
-    assert_eq!(r.error(), "handler timed out after 1s");
+    assert_eq!(r.error(), "handler timed out after 3s");
     let grandchild: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
@@ -246,7 +366,7 @@ fn the_timeout_kills_the_runtime_group_and_a_new_runtime_serves_the_next() {
         .unwrap();
     wait_for(
         "the runtime and its child to be gone",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || (!alive(runtime) && !alive(grandchild)).then_some(()),
     );
     f.wait_log("restarting runtime slot=0");
@@ -411,6 +531,84 @@ fn queue_messages_arrive_as_sqs_records_and_batch_item_failures_are_not_acknowle
         r.error(),
         "the function reported message 1728561234567-1 as failed"
     );
+}
+
+#[test]
+fn without_runr_trigger_each_requests_cloud_event_picks_the_event_shape() {
+    let f = app(&[("RUNR_WORKERS", "2")]);
+    let addr = f.addr();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                for n in 0..6 {
+                    let id = format!("{t}-{n}");
+                    let ce = |kind: &'static str, source: &'static str| {
+                        vec![
+                            ("ce-specversion", "1.0".to_string()),
+                            ("ce-type", kind.to_string()),
+                            ("ce-source", source.to_string()),
+                            ("ce-id", id.clone()),
+                            ("ce-time", "2026-10-10T12:00:00Z".to_string()),
+                            ("content-type", "application/json".to_string()),
+                        ]
+                    };
+                    let (headers, body) = match n % 3 {
+                        0 => (
+                            ce("dev.runr.queue.message", "/redisstream/orders/orders-api"),
+                            format!(r#"{{"item": "{id}"}}"#),
+                        ),
+                        1 => (
+                            ce("dev.runr.schedule.tick", "/runr/schedule"),
+                            r#"{"trigger":"schedule"}"#.to_string(),
+                        ),
+                        _ => (ce("com.example.order", "/shop"), "plain".to_string()),
+                    };
+                    let h: Vec<(&str, &str)> =
+                        headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    let r = c.send("POST", "/orders", &h, Body::Sized(body.as_bytes()));
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    let got = r.json();
+                    match n % 3 {
+                        // An SQS record.
+                        0 => {
+                            assert_eq!(got["messageId"], id.as_str(), "{got}");
+                            assert_eq!(got["body"], json!({"item": id}));
+                            assert_eq!(got["eventSource"], "runr:queue");
+                        }
+                        // An EventBridge Scheduled Event.
+                        1 => {
+                            assert_eq!(got["id"], id.as_str(), "{got}");
+                            assert_eq!(got["detailType"], "Scheduled Event");
+                        }
+                        // API Gateway HTTP API 2.0.
+                        _ => {
+                            assert_eq!(got["rawPath"], "/orders", "{got}");
+                            assert_eq!(got["body"], "plain");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // A pod with RUNR_TRIGGER=http: a forged queue event is an HTTP request like any other.
+    let f = app(&[("RUNR_TRIGGER", "http")]);
+    let r = f.send(
+        "POST",
+        "/orders",
+        &[
+            ("ce-specversion", "1.0"),
+            ("ce-type", "dev.runr.queue.message"),
+            ("ce-id", "forged"),
+        ],
+        br#"{"item": 1}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["rawPath"], "/orders");
 }
 
 #[test]
