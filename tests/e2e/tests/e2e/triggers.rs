@@ -92,8 +92,14 @@ impl Queue {
 fn delivered_answer(queue_log: &str, id: &str) -> Option<String> {
     queue_log
         .lines()
-        .filter(|l| l.contains(" delivered ") && l.contains(&format!("id={id} ")))
-        .find_map(|l| l.split_once(" answer=").map(|(_, a)| a.to_string()))
+        .filter(|l| l.contains(" delivered "))
+        .filter_map(|l| runr_testkit::logfmt::parse(l).ok())
+        .find(|pairs| runr_testkit::logfmt::values(pairs, "id") == [id])
+        .and_then(|pairs| {
+            runr_testkit::logfmt::values(&pairs, "answer")
+                .first()
+                .map(|a| a.to_string())
+        })
 }
 
 /// Runs runr-tick against `port` to its end: exit status and stdout.
