@@ -9,7 +9,8 @@
 //! - the image half ([`image`]): reading spans of the archive in place, detecting the format,
 //!   compressing classic layers, pushing into the registry, and `fetch` for wasm modules.
 //!
-//! Neither half imports the other; [`config`] reads every variable once, above both.
+//! Neither half imports the other; [`config`] reads every variable once, above both, and
+//! [`progress`] is what the image half counts and the upload half shows of the push.
 
 #![forbid(unsafe_code)]
 
@@ -17,5 +18,6 @@ pub mod config;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod image;
+pub mod progress;
 pub mod serve;
 mod upload;

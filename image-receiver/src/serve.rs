@@ -36,7 +36,7 @@ pub enum ServeError {
 /// had started (verifying, pushing) starts again.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     let upload = Upload::open(&config.upload_dir, config.size, &config.sha256)?;
-    let processor = pipeline_processor(&config);
+    let processor = pipeline_processor(&config, &upload);
     let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.port)))
         .await
         .map_err(|source| ServeError::Bind {
@@ -67,8 +67,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// The pipeline with the options of this upload, as the upload's [`Processor`].
-fn pipeline_processor(config: &Config) -> Processor {
+/// The pipeline with the options of this upload, as the upload's [`Processor`]; it counts its
+/// push into the upload's progress.
+fn pipeline_processor(config: &Config, upload: &Upload) -> Processor {
     let opts = Arc::new(ProcessOptions {
         work_dir: config.upload_dir.clone(),
         target: config.target.clone(),
@@ -77,6 +78,7 @@ fn pipeline_processor(config: &Config) -> Processor {
         compress: config.compress,
         registry: config.registry.clone(),
         declared_size: config.size,
+        progress: upload.progress(),
     });
     Arc::new(move |file| {
         let opts = opts.clone();

@@ -81,6 +81,7 @@ pub(crate) fn options(
             ..RegistryConfig::default()
         },
         declared_size: std::fs::metadata(file).map(|m| m.len()).unwrap_or(0),
+        progress: Default::default(),
     }
 }
 

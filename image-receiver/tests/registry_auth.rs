@@ -193,6 +193,123 @@ fn a_refused_push_says_so_first_quoting_the_token_service_or_the_registry() {
     assert!(!out.success(), "{out:?}");
 }
 
+/// The push asks the token service once, whatever the number of blobs it pushes in parallel:
+/// a wrong password (or none) ends it after that one refusal, a pull-only user after the issued
+/// token and the one request that tells the registry's refusal apart; the right password pushes
+/// everything, HEADs and read-back included, with one token.
+#[test]
+fn a_refused_credential_ends_the_push_after_one_token_request() {
+    if !tools() {
+        return;
+    }
+    let reg = TokenRegistry::builder(USER, PASSWORD)
+        .user(User::with_actions("reader", "r3ad", &["pull"]))
+        .start();
+    // Six layers and a config: seven blob pushes, four at a time.
+    let image = TestImage::random("1", &[20_000, 20_001, 20_002, 20_003, 20_004, 20_005]);
+    let target = format!("{}/{REPO}:1", reg.host());
+    // (environment, how the message starts, token requests)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u64);
+    let cases: [Case; 4] = [
+        (
+            &[
+                ("RUNR_REGISTRY_USERNAME", USER),
+                ("RUNR_REGISTRY_PASSWORD", "wrong"),
+            ],
+            "authentication failed",
+            1,
+        ),
+        (&[], "authentication failed", 1),
+        (
+            &[
+                ("RUNR_REGISTRY_USERNAME", "reader"),
+                ("RUNR_REGISTRY_PASSWORD", "r3ad"),
+            ],
+            "authorization failed",
+            2,
+        ),
+        (
+            &[
+                ("RUNR_REGISTRY_USERNAME", USER),
+                ("RUNR_REGISTRY_PASSWORD", PASSWORD),
+            ],
+            "",
+            1,
+        ),
+    ];
+    for (env, refusal, requests) in cases {
+        let before = reg.token_requests();
+        let work = tempfile::tempdir().unwrap();
+        let data = oci_archive(&image, work.path());
+        let (s, r) = upload(work.path(), &data, &target, env);
+        let asked = reg.token_requests() - before;
+        let log = reg.tokens().log();
+        let log = &log[before as usize..];
+        if refusal.is_empty() {
+            assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+            assert_eq!(s["push"]["blobs_pushed"], 7, "{s}");
+        } else {
+            assert_eq!(s["status"], "failed", "{s}");
+            let msg = s["message"].as_str().unwrap();
+            assert!(msg.starts_with(refusal), "{msg}");
+        }
+        assert_eq!(asked, requests, "{env:?}: {log:?}\n{}", r.log());
+        assert!(!r.log().contains("retrying"), "{}", r.log());
+    }
+}
+
+/// The token service is down when the push starts: an outage, retried with the backoff (not
+/// reported as a refusal), and the push goes on once it answers again.
+#[test]
+fn a_token_service_outage_is_retried_not_taken_for_a_refusal() {
+    if !tools() {
+        return;
+    }
+    let mut reg = TokenRegistry::start(USER, PASSWORD);
+    reg.stop_token_service();
+    let image = TestImage::random("1", &[30_000, 30_001]);
+    let target = format!("{}/{REPO}:1", reg.host());
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let dir = work.path().join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let r = Receiver::for_data(
+        &dir,
+        &data,
+        &[
+            ("RUNR_UPLOAD_TARGET", target.as_str()),
+            ("RUNR_REGISTRY_USERNAME", USER),
+            ("RUNR_REGISTRY_PASSWORD", PASSWORD),
+        ],
+    );
+    assert_eq!(r.put(0, &data).0, 200);
+    assert_eq!(r.complete().0, 202);
+    runr_testkit::wait_for(
+        "the receiver to retry the token flow",
+        Duration::from_secs(60),
+        || {
+            r.log()
+                .contains("token flow failed, retrying")
+                .then_some(())
+        },
+    );
+    reg.restart_token_service();
+    let s = r.wait_status("the push to end", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(reg.tokens().issued(), 1, "{:?}", reg.tokens().log());
+    pulled_whole(
+        &target,
+        &image,
+        &[
+            "--src-tls-verify=false",
+            "--src-creds",
+            &format!("{USER}:{PASSWORD}"),
+        ],
+    );
+}
+
 #[test]
 fn a_registry_certificate_from_an_unknown_ca_fails_at_once_and_its_ca_makes_it_work() {
     if !tools() {

@@ -335,6 +335,12 @@ pub async fn diagnose(
     Some(Diagnosis::Auth(refusal))
 }
 
+/// 401 or 403 when `err` is the registry's (or token service's) refusal, in whatever shape
+/// oci-client reported it; `None` for any other failure.
+pub fn refusal_status(err: &OciDistributionError) -> Option<u16> {
+    refusal(err).map(|(status, _)| status)
+}
+
 /// The status and answer of a 401/403 in whatever shape oci-client reported it.
 fn refusal(err: &OciDistributionError) -> Option<(u16, String)> {
     match err {

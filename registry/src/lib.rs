@@ -10,6 +10,8 @@
 //! - [`retry`]: which failures are worth another attempt and how long to wait before it;
 //! - [`failure`]: what a failure means to the operator: an authentication/authorization refusal
 //!   (naming the registry, quoting the answer) or a TLS configuration problem;
+//! - [`token`]: the token flow done once with every status seen, for a grant shared by many
+//!   requests (a refusal is told from an outage);
 //! - [`http`]: a plain reqwest client with the same roots, for requests whose status and headers
 //!   the caller must see (readiness probes, `Retry-After`, Range probes);
 //! - [`roots`]: a system CA store for scratch images, which oci-client needs to build a client;
@@ -24,6 +26,7 @@ pub mod http;
 pub mod reference;
 pub mod retry;
 pub mod roots;
+pub mod token;
 
 pub use client::{build_client, client_config, client_from, ClientError, Timeouts};
 pub use config::RegistryConfig;
@@ -32,6 +35,9 @@ pub use failure::{diagnose, AuthFailure, Diagnosis, RefusedBy, TlsFailure, TlsPr
 pub use reference::ImageRef;
 pub use retry::{is_transient, Backoff};
 pub use roots::ensure_system_roots;
+pub use token::{exchange, Grant, TokenError};
 
 /// Re-exported so that users name the same version of the client crate.
 pub use oci_client;
+/// Re-exported: the client [`http::build_http_client`] builds and [`token::exchange`] takes.
+pub use reqwest;

@@ -23,6 +23,7 @@ use crate::image::formats::wasm::WasmModule;
 use crate::image::formats::{self, media, DetectOptions, Detected, RawManifest};
 use crate::image::push::{PushError, Pusher};
 use crate::image::span::{Span, SpanReader};
+use crate::progress::Progress;
 
 /// Blobs pushed at once (across the layers of one image and across platforms): the registry
 /// takes parallel uploads faster than one at a time (the distribution registry: 1 GiB in four
@@ -51,6 +52,8 @@ pub struct ProcessOptions {
     pub registry: runr_registry::RegistryConfig,
     /// `RUNR_UPLOAD_SIZE`: bounds the space a decompressed copy of a `.tar.gz` may take.
     pub declared_size: u64,
+    /// Where the push counts blobs and bytes (the upload's, shown by `GET /status`).
+    pub progress: Arc<Progress>,
 }
 
 /// What was pushed: the `image` object of `GET /status`.
@@ -162,7 +165,8 @@ pub async fn process_with(
         Detected::Wasm(_) => "wasm",
     };
     tracing::info!(format, target = %opts.target, "format detected, pushing");
-    let pusher = Pusher::new(&opts.target, &opts.registry, backoff)
+    opts.progress.start();
+    let pusher = Pusher::new(&opts.target, &opts.registry, backoff, opts.progress.clone())
         .await
         .map_err(|e| ProcessError::new(e.to_string()))?;
     let pushed = match detected {
@@ -182,6 +186,9 @@ pub async fn process_with(
 async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
     let blobs = image.blobs.clone();
+    for b in &blobs {
+        pusher.progress().add_blob(b.span.len);
+    }
     // Boxed: keeps the future `Send` (rustc cannot prove it through the closure otherwise).
     let pushes: Vec<BoxFuture<'_, Result<bool, PushError>>> = blobs
         .iter()
@@ -233,6 +240,13 @@ async fn push_docker(
     work_dir: &Path,
 ) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
+    let progress = pusher.progress();
+    progress.add_blob(image.config.len() as u64);
+    for l in &image.layers {
+        // A layer gzip'ed here counts its bytes once they are known (compressed).
+        let known = l.gzipped || compress == Compress::None;
+        progress.add_blob(if known { l.span.len } else { 0 });
+    }
     pusher
         .push_bytes(
             Bytes::from(image.config.clone()),
@@ -249,7 +263,18 @@ async fn push_docker(
         None
     };
     let layers: Vec<Value> = match reused {
-        Some(layers) => layers,
+        Some(layers) => {
+            // In the registry already: known and pushed at once, at their compressed size.
+            for (l, ours) in layers.iter().zip(&image.layers) {
+                let size = l["size"].as_u64().unwrap_or(0);
+                if !ours.gzipped {
+                    progress.add_bytes(size);
+                }
+                progress.sent(size);
+                progress.blob_done();
+            }
+            layers
+        }
         None => {
             let cpu = tokio::sync::Semaphore::new(CPU_CONCURRENCY);
             let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
@@ -348,6 +373,7 @@ async fn push_docker_layer(
             .map_err(|e| PushError::Content(e.to_string()))?
         };
         drop(permit);
+        pusher.progress().add_bytes(size);
         pusher
             .push_own_file(&packed, Span::whole(size), &digest, "layer")
             .await?;
@@ -440,6 +466,8 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
     }))
     .expect("a config serializes");
     let config_digest = sha256_digest(&config);
+    pusher.progress().add_blob(module.span.len);
+    pusher.progress().add_blob(config.len() as u64);
     pusher
         .push_span(&module.file, module.span, &digest, "module")
         .await?;
@@ -484,6 +512,7 @@ mod tests {
             compress: Compress::Gzip,
             registry: runr_registry::RegistryConfig::default(),
             declared_size: 0,
+            progress: Arc::default(),
         };
         let fut = process(Path::new("/nonexistent"), &opts);
         assert_send(&fut);

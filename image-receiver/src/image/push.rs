@@ -1,6 +1,13 @@
 //! Blobs, then manifests, into the registry through oci-client, with retries of transient
 //! failures.
 //!
+//! - One grant per push: before its first request the push runs the token flow once for
+//!   `pull,push` on the target repository (runr-registry's [`exchange`], which sees the token
+//!   service's status), and every request of the push, blob pushes in parallel included, uses
+//!   that token from the cache both clients share. A refusal of the token service ends the push
+//!   with one request to it; an outage (connection refused, 5xx) is retried like any transient
+//!   failure. The first refusal by the registry itself (a token without the scope) is diagnosed
+//!   once, and requests refused at the same time report that same refusal.
 //! - A blob the registry has (HEAD) is not sent again.
 //! - Blobs stream from their offsets in the archive in one monolithic `PUT` each (a second
 //!   oci-client with `use_monolithic_push`: the chunked mode PATCHes 4 MiB at a time, a size
@@ -10,24 +17,31 @@
 //!   damaged file is reported in its own terms and nothing wrong lands in the registry.
 //! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob.
 //! - Transient failures (connection, 5xx, 429) are retried [`RETRIES`] times with backoff; then
-//!   the registry's own message is reported.
+//!   the registry's own message is reported. A blob whose upload failed starts again from its
+//!   first byte in a new upload session; the other blobs go on meanwhile.
+//! - What is pushed is counted in the [`Progress`] the status shows.
 
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::Stream;
 use runr_base::fmt::error_chain;
+use runr_registry::failure::refusal_status;
 use runr_registry::oci_client::errors::OciDistributionError;
 use runr_registry::oci_client::secrets::RegistryAuth;
+use runr_registry::oci_client::token_cache::{RegistryToken, RegistryTokenType};
 use runr_registry::oci_client::{Client, Reference, RegistryOperation};
 use runr_registry::{
-    build_client, client_config, client_from, diagnose, is_transient, Backoff, RegistryConfig,
-    Timeouts,
+    build_client, client_config, client_from, diagnose, exchange, is_transient, Backoff, Diagnosis,
+    Grant, RegistryConfig, Timeouts, TokenError,
 };
 
 use crate::image::formats::{media, RawManifest};
 use crate::image::span::{Span, SpanReader};
+use crate::progress::Progress;
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
@@ -35,11 +49,13 @@ pub const RETRIES: u32 = 3;
 /// sets how much memory each blob in flight holds (a read block, and what hyper has not
 /// written to the socket yet).
 const BLOCK: usize = 1 << 20;
+/// Longest wait for each of the two requests of the token flow (their answers are small).
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Seen in the registry's logs.
 const USER_AGENT: &str = concat!("runr-image-upload/", env!("CARGO_PKG_VERSION"));
 
 /// A push that failed; the message is for the user.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PushError {
     /// The target reference is malformed.
     #[error("RUNR_UPLOAD_TARGET {0:?} is not a valid image reference")]
@@ -64,7 +80,7 @@ pub enum PushError {
         /// What we were doing.
         what: String,
         /// The refusal or the TLS failure.
-        diagnosis: Box<runr_registry::Diagnosis>,
+        diagnosis: Box<Diagnosis>,
     },
     /// The file's bytes do not match what they claim to be.
     #[error("{0}")]
@@ -84,26 +100,46 @@ pub enum PushError {
 /// Pushes into one repository; the tag of [`Pusher::target`] is written last.
 pub struct Pusher {
     client: Client,
-    /// Same registry and credentials, pushing blobs in one PUT each.
+    /// Same registry and credentials, pushing blobs in one PUT each; shares `client`'s token
+    /// cache.
     blobs: Client,
     auth: RegistryAuth,
+    registry: RegistryConfig,
+    /// The token flow's client (it sees statuses oci-client hides).
+    http: runr_registry::reqwest::Client,
     target: Reference,
     backoff: Backoff,
+    /// The push's one grant: the first request runs the token flow, the others wait for it and
+    /// share its outcome (a refusal included).
+    access: tokio::sync::OnceCell<Result<(), PushError>>,
+    /// The first refusal the registry answered (diagnosed once): requests refused at the same
+    /// time report it without asking the token service again.
+    refused: tokio::sync::Mutex<Option<PushError>>,
+    progress: Arc<Progress>,
 }
 
 impl Pusher {
-    /// A pusher for `target` (`host[:port]/path/repo:tag`).
+    /// A pusher for `target` (`host[:port]/path/repo:tag`) counting into `progress`.
     pub async fn new(
         target: &str,
         registry: &RegistryConfig,
         backoff: Backoff,
+        progress: Arc<Progress>,
     ) -> Result<Pusher, PushError> {
         let target: Reference = target
             .parse()
             .map_err(|_| PushError::Target(target.to_string()))?;
         let client = build_client(registry, Timeouts::default(), USER_AGENT)
             .map_err(|e| PushError::Client(e.to_string()))?;
-        let blobs = monolithic_client(registry)?;
+        let mut blobs = monolithic_client(registry)?;
+        // One cache: the grant stored once serves both clients.
+        blobs.tokens = client.tokens.clone();
+        let http = runr_registry::http::build_http_client(
+            registry,
+            Timeouts::default().connect,
+            USER_AGENT,
+        )
+        .map_err(|e| PushError::Client(e.to_string()))?;
         let auth = registry.auth();
         for c in [&client, &blobs] {
             c.store_auth_if_needed(target.resolve_registry(), &auth)
@@ -113,9 +149,19 @@ impl Pusher {
             client,
             blobs,
             auth,
+            registry: registry.clone(),
+            http,
             target,
             backoff,
+            access: tokio::sync::OnceCell::new(),
+            refused: tokio::sync::Mutex::new(None),
+            progress,
         })
+    }
+
+    /// Where the push counts what it sent.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// `host/repository:tag`.
@@ -145,12 +191,84 @@ impl Pusher {
         )
     }
 
+    /// The grant of this push, got once (see [`Pusher::access`]); `what` is what the first
+    /// request was about to do, named in a refusal.
+    async fn authorize(&self, what: &str) -> Result<(), PushError> {
+        self.access.get_or_init(|| self.grant(what)).await.clone()
+    }
+
+    /// The token flow for `pull,push` on the target repository, outages retried like any
+    /// transient failure; the grant goes into the clients' token cache for both operations (a
+    /// `pull,push` token serves the HEADs and the read-back too).
+    async fn grant(&self, what: &str) -> Result<(), PushError> {
+        let host = self.target.resolve_registry();
+        let mut attempt = 0;
+        let grant = loop {
+            let got = exchange(
+                &self.http,
+                &self.registry,
+                host,
+                self.target.repository(),
+                "pull,push",
+                TOKEN_TIMEOUT,
+            )
+            .await;
+            match got {
+                Ok(grant) => break grant,
+                Err(e) if e.is_transient() && attempt < RETRIES => {
+                    let delay = self.backoff.delay(attempt);
+                    tracing::warn!(what, attempt, error = %e, ?delay, "token flow failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    let what = what.to_string();
+                    return Err(match e {
+                        TokenError::Refused(a) => PushError::Refused {
+                            what,
+                            diagnosis: Box::new(Diagnosis::Auth(a)),
+                        },
+                        TokenError::Tls(t) => PushError::Refused {
+                            what,
+                            diagnosis: Box::new(Diagnosis::Tls(t)),
+                        },
+                        e => PushError::Registry {
+                            host: host.to_string(),
+                            what,
+                            message: e.to_string(),
+                        },
+                    });
+                }
+            }
+        };
+        tracing::debug!(?grant, "registry access granted");
+        let token = match grant {
+            Grant::Bearer(token) => RegistryTokenType::Bearer(RegistryToken::Token { token }),
+            Grant::Basic => match &self.auth {
+                RegistryAuth::Basic(user, password) => {
+                    RegistryTokenType::Basic(user.clone(), password.clone())
+                }
+                _ => return Ok(()),
+            },
+            // Nothing to store: oci-client asks `GET /v2/` before each request, as it always did.
+            Grant::Anonymous => return Ok(()),
+        };
+        for op in [RegistryOperation::Push, RegistryOperation::Pull] {
+            self.client
+                .tokens
+                .insert(&self.target, op, token.clone())
+                .await;
+        }
+        Ok(())
+    }
+
     /// Runs `op` until it succeeds, fails for good, or failed transiently [`RETRIES`] + 1 times.
     async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, PushError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, OciDistributionError>>,
     {
+        self.authorize(what).await?;
         let mut attempt = 0;
         loop {
             match op().await {
@@ -161,23 +279,38 @@ impl Pusher {
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
-                Err(e) => {
-                    let op = RegistryOperation::Push;
-                    let diagnosis = diagnose(&self.client, &self.target, &self.auth, op, &e).await;
-                    return Err(match diagnosis {
-                        Some(diagnosis) => PushError::Refused {
-                            what: what.to_string(),
-                            diagnosis: Box::new(diagnosis),
-                        },
-                        None => PushError::Registry {
-                            host: self.target.registry().to_string(),
-                            what: what.to_string(),
-                            message: error_chain(&e),
-                        },
-                    });
-                }
+                Err(e) => return Err(self.failure(what, &e).await),
             }
         }
+    }
+
+    /// What a final failure of a request means; a refusal is diagnosed once per push.
+    async fn failure(&self, what: &str, e: &OciDistributionError) -> PushError {
+        // Held while diagnosing: requests refused at the same time wait for the one diagnosis
+        // (a token request) instead of each making their own.
+        let mut refused = match refusal_status(e) {
+            Some(_) => Some(self.refused.lock().await),
+            None => None,
+        };
+        if let Some(first) = refused.as_ref().and_then(|r| (**r).as_ref()) {
+            return first.clone();
+        }
+        let op = RegistryOperation::Push;
+        let failure = match diagnose(&self.client, &self.target, &self.auth, op, e).await {
+            Some(diagnosis) => PushError::Refused {
+                what: what.to_string(),
+                diagnosis: Box::new(diagnosis),
+            },
+            None => PushError::Registry {
+                host: self.target.registry().to_string(),
+                what: what.to_string(),
+                message: error_chain(e),
+            },
+        };
+        if let Some(first) = refused.as_mut() {
+            **first = Some(failure.clone());
+        }
+        failure
     }
 
     /// True when the repository has the blob already.
@@ -223,12 +356,18 @@ impl Pusher {
     ) -> Result<bool, PushError> {
         if self.blob_exists(digest).await? {
             tracing::info!(what, digest, "blob already in the registry");
+            self.progress.sent(span.len);
+            self.progress.blob_done();
             return Ok(false);
         }
         tracing::info!(what, digest, size = span.len, "pushing blob");
         let mismatch = Arc::new(Mutex::new(None));
+        // What the current attempt sent: a failed attempt's bytes are taken back when the next
+        // one starts again from the blob's first byte.
+        let attempt = Arc::new(AtomicU64::new(0));
         let result = self
             .retry(&format!("pushing {what} {digest}"), || {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
                 let stream = span_stream(
                     file.clone(),
                     span,
@@ -236,6 +375,10 @@ impl Pusher {
                     what.to_string(),
                     check,
                     mismatch.clone(),
+                    Sent {
+                        progress: self.progress.clone(),
+                        attempt: attempt.clone(),
+                    },
                 );
                 self.blobs
                     .push_blob_stream(&self.target, stream, digest, Some(span.len))
@@ -244,19 +387,30 @@ impl Pusher {
         if let Some(message) = mismatch.lock().expect("mismatch lock").take() {
             return Err(PushError::Content(message));
         }
-        result.map(|_| true)
+        match result {
+            Ok(_) => {
+                self.progress.blob_done();
+                Ok(true)
+            }
+            Err(e) => {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                Err(e)
+            }
+        }
     }
 
     /// Pushes a small blob held in memory (a config written here).
     pub async fn push_bytes(&self, data: Bytes, digest: &str, what: &str) -> Result<(), PushError> {
-        if self.blob_exists(digest).await? {
-            return Ok(());
+        let len = data.len() as u64;
+        if !self.blob_exists(digest).await? {
+            self.retry(&format!("pushing {what} {digest}"), || {
+                self.blobs.push_blob(&self.target, data.clone(), digest)
+            })
+            .await?;
         }
-        self.retry(&format!("pushing {what} {digest}"), || {
-            self.blobs.push_blob(&self.target, data.clone(), digest)
-        })
-        .await
-        .map(|_| ())
+        self.progress.sent(len);
+        self.progress.blob_done();
+        Ok(())
     }
 
     /// Pushes a manifest by digest (`tag == false`) or as the target tag.
@@ -324,6 +478,21 @@ fn monolithic_client(registry: &RegistryConfig) -> Result<Client, PushError> {
 
 type Item = Result<Bytes, OciDistributionError>;
 
+/// Counts the bytes a blob's stream hands to the request body: into the push's progress and
+/// into the current attempt's tally.
+#[derive(Clone)]
+struct Sent {
+    progress: Arc<Progress>,
+    attempt: Arc<AtomicU64>,
+}
+
+impl Sent {
+    fn add(&self, n: u64) {
+        self.attempt.fetch_add(n, Ordering::SeqCst);
+        self.progress.sent(n);
+    }
+}
+
 fn stream_error(message: &str) -> OciDistributionError {
     OciDistributionError::GenericError(Some(message.to_string()))
 }
@@ -338,6 +507,7 @@ fn span_stream(
     what: String,
     check: bool,
     mismatch: Arc<Mutex<Option<String>>>,
+    sent: Sent,
 ) -> impl Stream<Item = Item> + Send + 'static {
     let reader = if check {
         SpanReader::hashing(file, span)
@@ -348,6 +518,7 @@ fn span_stream(
         let digest = digest.clone();
         let what = what.clone();
         let mismatch = mismatch.clone();
+        let sent = sent.clone();
         async move {
             // `None` once the last block (or an error) went out.
             let mut reader = state?;
@@ -371,6 +542,7 @@ fn span_stream(
                         *mismatch.lock().expect("mismatch lock") = Some(message.clone());
                         return Some((Err(stream_error(&message)), None));
                     }
+                    sent.add(buf.len() as u64);
                     Some((Ok(Bytes::from(buf)), (!last).then_some(reader)))
                 }
                 Ok(Err(e)) => Some((Err(stream_error(&format!("reading {what}: {e}"))), None)),

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use self::hasher::Hasher;
 use self::ranges::Ranges;
 use self::state::{Persisted, Phase, State, Status, Store, STATE_FILE};
+use crate::progress::Progress;
 
 pub(crate) mod hasher;
 pub(crate) mod ranges;
@@ -159,6 +160,8 @@ pub struct Upload {
     /// newest state while holding it).
     store: Mutex<Store>,
     hasher: Arc<Hasher>,
+    /// What the push counts, shown as `push` in the status.
+    progress: Arc<Progress>,
 }
 
 // === impl Upload ===
@@ -241,6 +244,7 @@ impl Upload {
             inner: Mutex::new(inner),
             store: Mutex::new(store),
             hasher: Hasher::start(reader, size).map_err(OpenError::Thread)?,
+            progress: Arc::default(),
         });
         upload.hasher.advance(0, prefix);
         // Compacts what was replayed into a new snapshot, and starts the journal.
@@ -258,7 +262,12 @@ impl Upload {
 
     /// The current status.
     pub fn status(&self) -> Status {
-        status_of(&self.lock(), self.size)
+        status_of(&self.lock(), self.size, &self.progress)
+    }
+
+    /// The counters the processor's push fills, for `push` in the status.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// True when a previous run was verifying or pushing when it stopped: the work must be
@@ -275,7 +284,7 @@ impl Upload {
         len: Option<u64>,
     ) -> Result<ChunkWriter, ChunkError> {
         let inner = self.lock();
-        let state = status_of(&inner, self.size).status;
+        let state = status_of(&inner, self.size, &self.progress).status;
         if !state.is_open() {
             return Err(ChunkError::Closed(state));
         }
@@ -315,15 +324,19 @@ impl Upload {
                 }
                 inner.phase = Phase::Verifying;
                 inner.message = Some("checking the size and SHA-256 of the file".into());
-                let status = status_of(&inner, self.size);
+                let status = status_of(&inner, self.size, &self.progress);
                 drop(inner);
                 tracing::info!("upload complete: verifying");
                 self.persist_or_log();
                 self.resume(process.clone());
                 Completion::Working(status)
             }
-            Phase::Verifying | Phase::Pushing => Completion::Working(status_of(&inner, self.size)),
-            Phase::Completed | Phase::Failed => Completion::Done(status_of(&inner, self.size)),
+            Phase::Verifying | Phase::Pushing => {
+                Completion::Working(status_of(&inner, self.size, &self.progress))
+            }
+            Phase::Completed | Phase::Failed => {
+                Completion::Done(status_of(&inner, self.size, &self.progress))
+            }
         }
     }
 
@@ -554,7 +567,7 @@ enum Verification {
     Unreadable(String),
 }
 
-fn status_of(inner: &Inner, size: u64) -> Status {
+fn status_of(inner: &Inner, size: u64, progress: &Progress) -> Status {
     let status = match inner.phase {
         Phase::Open if inner.received.is_empty() => State::Ready,
         Phase::Open => State::Receiving,
@@ -570,6 +583,7 @@ fn status_of(inner: &Inner, size: u64) -> Status {
         received_bytes: inner.received.total(),
         message: inner.message.clone(),
         image: inner.image.clone(),
+        push: progress.view(),
     }
 }
 

@@ -96,6 +96,10 @@ pub struct Status {
     pub message: Option<String>,
     /// What was pushed, once `completed` (the pipeline's `ImageInfo`).
     pub image: Option<serde_json::Value>,
+    /// How far the push of this run has come: blobs and bytes the registry has of those known so
+    /// far. Absent before the push starts, so every answer before it is what it always was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<crate::progress::PushProgress>,
 }
 
 /// Where the upload is, as persisted (ready and receiving are both `open`).
