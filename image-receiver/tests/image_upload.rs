@@ -9,11 +9,14 @@
 //!   and an archive uploaded through the chunk API end to end;
 //! - `load`: peak memory under 64 concurrent 8 MiB chunks and the push, and concurrent pushes
 //!   of many blobs pulled back byte for byte;
+//! - `push`: the push held part way by a proxy: its progress in the status, a registry
+//!   restarted and a receiver killed in the middle of a blob; the overlap rule before a push;
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
 //!   credentials or CA, and what a refusal or a certificate problem says.
 
 mod harness;
 mod image;
 mod load;
+mod push;
 mod registry_auth;
 mod upload;

@@ -1,0 +1,409 @@
+//! The push seen while it runs and when it is cut, through the real binary against the real
+//! `docker-registry`: a loopback proxy in front of the registry holds one large blob's upload
+//! part way, so the test acts at a known point (the other blobs pushed, that one in flight)
+//! instead of guessing one with sleeps.
+//!
+//! - `GET /status` shows `push` (blobs and bytes the registry has of those known) during the
+//!   push, and the fields the control plane reads unchanged;
+//! - a registry killed and restarted (same port, same storage) in the middle of a blob: that
+//!   blob's upload starts again from its first byte, the others are not sent again;
+//! - a receiver killed with SIGKILL in the middle of a blob: the restarted one resumes the push,
+//!   and what the registry has already costs a HEAD.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use runr_testkit::oci::TestImage;
+use runr_testkit::tools::skopeo_output;
+use runr_testkit::{have_tool, Registry};
+use serde_json::Value;
+
+use crate::harness::Receiver;
+
+const REPO: &str = "runr-uploads/platform/held";
+/// The blob whose upload the proxy holds: large enough that the socket buffers between the
+/// receiver and the proxy cannot take all of it while it is held.
+const BIG: usize = 32 << 20;
+/// Bytes of the big blob's body that pass before the proxy holds it.
+const HOLD_AT: u64 = 1 << 20;
+
+fn tools() -> bool {
+    let ok = ["docker-registry", "skopeo"].iter().all(|t| have_tool(t));
+    if !ok {
+        println!("skipping: docker-registry or skopeo is missing (.ci/run installs them)");
+    }
+    ok
+}
+
+// === the holding proxy ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// The next large PUT will be held.
+    Armed,
+    /// One is held now.
+    Holding,
+    /// Let go; no other is held.
+    Released,
+}
+
+struct ProxyState {
+    hold: Mutex<Hold>,
+    changed: Condvar,
+    /// Request lines, in the order they arrived.
+    requests: Mutex<Vec<String>>,
+}
+
+/// A loopback proxy in front of `upstream`, one request per connection, that holds the body of
+/// the first `PUT` of at least [`BIG`] bytes once [`HOLD_AT`] bytes of it went through, until
+/// [`HoldingProxy::release`].
+struct HoldingProxy {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+impl HoldingProxy {
+    fn start(upstream: SocketAddr) -> HoldingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ProxyState {
+            hold: Mutex::new(Hold::Armed),
+            changed: Condvar::new(),
+            requests: Mutex::new(Vec::new()),
+        });
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let state = shared.clone();
+                std::thread::spawn(move || {
+                    let _ = forward(conn, upstream, &state);
+                });
+            }
+        });
+        HoldingProxy { addr, state }
+    }
+
+    /// Waits until the big blob's upload is held.
+    fn wait_held(&self) {
+        let hold = self.state.hold.lock().unwrap();
+        let (hold, timeout) = self
+            .state
+            .changed
+            .wait_timeout_while(hold, Duration::from_secs(120), |h| *h == Hold::Armed)
+            .unwrap();
+        assert!(!timeout.timed_out(), "no large PUT came: {:?}", *hold);
+    }
+
+    /// Lets the held upload go on.
+    fn release(&self) {
+        *self.state.hold.lock().unwrap() = Hold::Released;
+        self.state.changed.notify_all();
+    }
+
+    /// Request lines of `method` whose target holds `digest`'s hex.
+    fn count(&self, method: &str, digest: &str) -> usize {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        let prefix = format!("{method} ");
+        self.state
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(&prefix) && l.contains(hex))
+            .count()
+    }
+}
+
+fn forward(mut client: TcpStream, upstream: SocketAddr, state: &ProxyState) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_string();
+    state.requests.lock().unwrap().push(request_line.clone());
+    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    let length: u64 = headers
+        .iter()
+        .find_map(|h| {
+            let (k, v) = h.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut up = TcpStream::connect(upstream)?;
+    let mut forwarded = format!("{request_line}\r\n");
+    for h in &headers {
+        if !h.to_ascii_lowercase().starts_with("connection:") {
+            forwarded.push_str(h);
+            forwarded.push_str("\r\n");
+        }
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    up.write_all(forwarded.as_bytes())?;
+    let held = request_line.starts_with("PUT ") && length >= BIG as u64 && {
+        let mut hold = state.hold.lock().unwrap();
+        (*hold == Hold::Armed)
+            .then(|| *hold = Hold::Holding)
+            .is_some()
+    };
+    if held {
+        std::io::copy(&mut (&client).take(HOLD_AT), &mut up)?;
+        state.changed.notify_all();
+        let hold = state.hold.lock().unwrap();
+        drop(
+            state
+                .changed
+                .wait_while(hold, |h| *h == Hold::Holding)
+                .unwrap(),
+        );
+        std::io::copy(&mut (&client).take(length - HOLD_AT), &mut up)?;
+    } else {
+        std::io::copy(&mut (&client).take(length), &mut up)?;
+    }
+    std::io::copy(&mut up, &mut client)?;
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+// === helpers ===
+
+/// The image: one big layer, three small ones, and its config.
+fn image() -> TestImage {
+    TestImage::random("1", &[BIG, 100_000, 100_001, 100_002])
+}
+
+fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
+    let path = dir.join("held.tar");
+    let out = skopeo_output(&[
+        "copy",
+        "--preserve-digests",
+        &image.oci_ref(),
+        &format!("oci-archive:{}:{}", path.display(), image.tag),
+    ]);
+    assert!(out.success(), "{out:?}");
+    std::fs::read(path).unwrap()
+}
+
+/// A receiver pushing through `proxy`, the whole file sent and complete accepted.
+fn started(work: &Path, data: &[u8], proxy: &HoldingProxy) -> Receiver {
+    let dir = work.join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let target = format!("{}/{REPO}:1", proxy.addr);
+    let r = Receiver::for_data(
+        &dir,
+        data,
+        &[
+            ("RUNR_UPLOAD_TARGET", target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "held.tar"),
+        ],
+    );
+    for (i, chunk) in data.chunks(8 << 20).enumerate() {
+        assert_eq!(r.put((i * (8 << 20)) as u64, chunk).0, 200);
+    }
+    assert_eq!(r.complete().0, 202);
+    r
+}
+
+fn finished(r: &Receiver) -> Value {
+    r.wait_status("the push to end", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    })
+}
+
+/// skopeo pulls the tag back from the registry itself: every blob byte for byte.
+fn pulled_whole(reg: &Registry, image: &TestImage) {
+    let out = tempfile::tempdir().unwrap();
+    let got = skopeo_output(&[
+        "copy",
+        "--retry-times",
+        "0",
+        "--src-tls-verify=false",
+        &format!("docker://{}/{REPO}:1", reg.host()),
+        &format!("dir:{}", out.path().display()),
+    ]);
+    assert!(got.success(), "{got:?}");
+    for blob in image.blobs() {
+        let hex = blob.digest.strip_prefix("sha256:").unwrap();
+        let data = std::fs::read(out.path().join(hex)).unwrap();
+        assert!(data == blob.data, "{} differs", blob.digest);
+    }
+}
+
+fn big_digest(image: &TestImage) -> String {
+    image
+        .blobs()
+        .into_iter()
+        .find(|b| b.data.len() >= BIG)
+        .expect("the big layer")
+        .digest
+        .clone()
+}
+
+fn total_bytes(image: &TestImage) -> u64 {
+    image.blobs().iter().map(|b| b.data.len() as u64).sum()
+}
+
+// === tests ===
+
+#[test]
+fn status_shows_the_push_progress_while_it_runs() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let blobs = image.blobs().len() as u64;
+    let total = total_bytes(&image);
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let r = started(work.path(), &data, &proxy);
+    proxy.wait_held();
+    let s = r.wait_status("every other blob to be pushed", |s| {
+        s["push"]["blobs_pushed"] == blobs - 1
+    });
+    assert_eq!(s["status"], "pushing", "{s}");
+    let push = &s["push"];
+    assert_eq!(push["blobs"], blobs, "{s}");
+    assert_eq!(push["bytes"], total, "{s}");
+    // The others whole, the held one part way (what the proxy let through, and no more than
+    // the socket buffers on the way can take).
+    let big = image.layers[0].data.len() as u64;
+    let pushed = push["bytes_pushed"].as_u64().unwrap();
+    assert!(pushed >= total - big + HOLD_AT && pushed < total, "{s}");
+    // The fields the control plane reads are all there, as before.
+    let keys: Vec<&str> = s.as_object().unwrap().keys().map(String::as_str).collect();
+    for k in [
+        "status",
+        "size",
+        "uploaded_bytes",
+        "received_bytes",
+        "message",
+        "image",
+    ] {
+        assert!(keys.contains(&k), "{k} missing: {s}");
+    }
+    assert_eq!(s["uploaded_bytes"], data.len() as u64);
+    proxy.release();
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(
+        s["push"],
+        serde_json::json!({"blobs": blobs, "blobs_pushed": blobs, "bytes": total, "bytes_pushed": total}),
+        "{s}"
+    );
+    pulled_whole(&reg, &image);
+}
+
+#[test]
+fn a_registry_restarted_mid_blob_gets_that_blob_again_from_its_start() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let blobs = image.blobs().len() as u64;
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let r = started(work.path(), &data, &proxy);
+    proxy.wait_held();
+    r.wait_status("every other blob to be pushed", |s| {
+        s["push"]["blobs_pushed"] == blobs - 1
+    });
+    // SIGKILL in the middle of the big blob's upload, then the same port and storage.
+    reg.stop();
+    reg.restart();
+    proxy.release();
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let big = big_digest(&image);
+    let log = r.log();
+    let retried: Vec<&str> = log.lines().filter(|l| l.contains("retrying")).collect();
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert!(retried[0].contains(&big), "{retried:?}");
+    // The big blob was sent twice, from its start, in a new upload session; the others once.
+    for blob in image.blobs() {
+        let want = if blob.digest == big { 2 } else { 1 };
+        assert_eq!(proxy.count("PUT", &blob.digest), want, "{}", blob.digest);
+    }
+    assert_eq!(s["push"]["bytes_pushed"], total_bytes(&image), "{s}");
+    pulled_whole(&reg, &image);
+}
+
+#[test]
+fn a_receiver_killed_mid_blob_resumes_and_what_is_there_costs_a_head() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let blobs = image.blobs().len() as u64;
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let mut r = started(work.path(), &data, &proxy);
+    proxy.wait_held();
+    r.wait_status("every other blob to be pushed", |s| {
+        s["push"]["blobs_pushed"] == blobs - 1
+    });
+    r.kill9();
+    proxy.release();
+    r.restart();
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert!(r.log().contains("starting that again"), "{}", r.log());
+    let big = big_digest(&image);
+    for blob in image.blobs() {
+        if blob.digest == big {
+            assert_eq!(proxy.count("PUT", &blob.digest), 2, "{}", blob.digest);
+        } else {
+            // Pushed by the first run; the second found it with a HEAD.
+            assert_eq!(proxy.count("PUT", &blob.digest), 1, "{}", blob.digest);
+            assert_eq!(proxy.count("HEAD", &blob.digest), 2, "{}", blob.digest);
+        }
+    }
+    pulled_whole(&reg, &image);
+}
+
+/// The overlap rule on an upload that is then pushed: a chunk sent again with other bytes over
+/// a range already held changes nothing of it (it is answered, and only bytes nobody held are
+/// written), so what is verified and pushed is what was received first.
+#[test]
+fn a_chunk_rewritten_with_other_bytes_changes_nothing_that_was_held() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start();
+    let image = TestImage::random("1", &[200_000, 50_000]);
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let dir = work.path().join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let target = format!("{}/{REPO}:1", reg.host());
+    let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_TARGET", target.as_str())]);
+    let half = data.len() / 2;
+    assert_eq!(r.put(0, &data[..half]).0, 200);
+    // The first half again, every byte flipped, and reaching 1000 bytes past what is held.
+    let mut other: Vec<u8> = data[..half + 1000].iter().map(|b| !b).collect();
+    other[half..].copy_from_slice(&data[half..half + 1000]);
+    let (code, body) = r.put(0, &other);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["uploaded_bytes"], (half + 1000) as u64, "{body}");
+    assert_eq!(r.put(half as u64, &data[half..]).0, 200);
+    assert!(r.data_file() == data, "held bytes changed");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_whole(&reg, &image);
+}
