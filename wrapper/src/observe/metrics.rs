@@ -574,6 +574,27 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_budget_is_exported_when_there_is_one() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("\nrunr_inflight_bytes 0\n"), "{text}");
+        assert!(!text.contains("runr_inflight_bytes_limit"), "{text}");
+        assert!(!text.contains("runr_memory_limit_bytes"), "{text}");
+        m.memory(Some(256 << 20), Some(128 << 20));
+        m.inflight_bytes(9 << 20);
+        m.rejected(Rejected::OverBudget);
+        let text = m.render();
+        for line in [
+            "runr_inflight_bytes 9437184",
+            "runr_inflight_bytes_limit 134217728",
+            "runr_memory_limit_bytes 268435456",
+            "runr_rejected_total{reason=\"over_budget\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+    }
+
+    #[test]
     fn gauges_follow_what_is_held() {
         let before = get().inflight.load(Ordering::Relaxed);
         let held = get().in_flight();

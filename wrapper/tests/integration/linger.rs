@@ -141,30 +141,95 @@ for t in ts: t.join()
 print(json.dumps(out))
 "#;
 
+/// `n` Python clients at once POST `size` bytes to `path`: (status, body) each.
+fn python_posts(port: u16, path: &str, size: usize, n: usize) -> Vec<(u16, Vec<u8>)> {
+    let out = Command::new("python3")
+        .args(["-c", PY_CLIENT, &port.to_string(), path, &size.to_string()])
+        .arg(n.to_string())
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answers.len(), n);
+    answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            assert!(a.get("error").is_none(), "python client {i} to {path}: {a}");
+            let body = base64_decode(a["body"].as_str().unwrap());
+            (a["status"].as_u64().unwrap() as u16, body)
+        })
+        .collect()
+}
+
 #[test]
 fn python_http_client_gets_its_answers() {
     let w = start(&[]);
-    let port = w.addr().port().to_string();
+    let port = w.addr().port();
     flat_rss(&w, |size| {
-        let out = Command::new("python3")
-            .args(["-c", PY_CLIENT, &port, &path(), &size.to_string()])
-            .arg(CLIENTS.to_string())
-            .output()
-            .expect("run python3");
-        assert!(
-            out.status.success(),
-            "python3: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let answers: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(answers.len(), CLIENTS);
-        for (i, a) in answers.iter().enumerate() {
+        for (i, (status, body)) in python_posts(port, &path(), size, CLIENTS)
+            .iter()
+            .enumerate()
+        {
             let who = format!("python client {i} ({} MiB)", size / MIB);
-            assert!(a.get("error").is_none(), "{who}: {a}");
-            let body = base64_decode(a["body"].as_str().unwrap());
-            check(size, a["status"].as_u64().unwrap() as u16, &body, &who);
+            check(size, *status, body, &who);
         }
     });
+}
+
+/// The modes that read the whole body before the handler runs answer early only when they
+/// refuse; the observed proxy when its program answers without reading the upload.
+#[test]
+fn refusals_and_programs_that_answer_early_reach_the_client_in_every_mode() {
+    for (mode, command) in [
+        ("exec", vec![fixtures().path("stress_handler")]),
+        (
+            "persistent",
+            vec!["python3".into(), fixtures().path("worker.py")],
+        ),
+    ] {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let mut v = env(mode, &command);
+        v.push(("RUNR_LOG".into(), "info".into()));
+        let w = Wrapper::start(&v);
+        for (i, (status, body)) in python_posts(w.addr().port(), "/x", LARGE, 4)
+            .iter()
+            .enumerate()
+        {
+            check(
+                LARGE,
+                *status,
+                body,
+                &format!("{mode} mode, python client {i}"),
+            );
+        }
+    }
+    let proxy = crate::observed_support::start_proxy(&[("RUNR_TRACING", "1".to_string())]);
+    proxy.get_when_up("/pid");
+    for (i, (status, body)) in python_posts(proxy.addr().port(), "/refuse", SMALL, CLIENTS)
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(
+            (*status, &body[..]),
+            (413, &b"refused"[..]),
+            "observed proxy, python client {i}"
+        );
+    }
+    // A program that closes with the upload unread resets its connection to the wrapper, which
+    // may lose the program's answer there (502 crash then); either way the client gets one.
+    let refused = python_posts(proxy.addr().port(), "/refuse?close=1", SMALL, CLIENTS);
+    for (i, (status, body)) in refused.iter().enumerate() {
+        assert!(
+            *status == 413 || *status == 502,
+            "observed proxy, closing program, python client {i}: {status} {}",
+            String::from_utf8_lossy(body)
+        );
+    }
 }
 
 #[test]
