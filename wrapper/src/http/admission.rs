@@ -168,10 +168,12 @@ struct BudgetInner {
     debt: AtomicU64,
 }
 
-/// Bytes of a [`Budget`] held by one invocation; dropping it gives them back.
+/// Bytes of a [`Budget`] held by one invocation; dropping it gives them back. Counted in bytes
+/// (many small charges add up exactly), held in whole units.
 #[derive(Debug)]
 pub struct Held {
     budget: Option<Arc<BudgetInner>>,
+    bytes: u64,
     units: u64,
 }
 
@@ -201,19 +203,19 @@ impl Budget {
     pub fn try_take(&self, bytes: u64) -> Option<Held> {
         let units = units_of(bytes);
         if units == 0 {
-            return Some(self.held(0));
+            return Some(self.held(0, 0));
         }
         let n = u32::try_from(units).ok()?;
         let permits = self.inner.units.try_acquire_many(n).ok()?;
         permits.forget();
-        Some(self.held(units))
+        Some(self.held(bytes, units))
     }
 
     /// `bytes`, waiting in line for them (they must [fit](Budget::fits)). Cancel-safe.
     pub async fn take(&self, bytes: u64) -> Held {
         let units = units_of(bytes).min(self.inner.total);
         if units == 0 {
-            return self.held(0);
+            return self.held(0, 0);
         }
         let n = u32::try_from(units).unwrap_or(u32::MAX);
         match self.inner.units.acquire_many(n).await {
@@ -221,13 +223,15 @@ impl Budget {
             // Never closed.
             Err(_closed) => {}
         }
-        self.held(u64::from(n))
+        let units = u64::from(n);
+        self.held(bytes.min(units * UNIT), units)
     }
 
-    fn held(&self, units: u64) -> Held {
+    fn held(&self, bytes: u64, units: u64) -> Held {
         metrics::get().inflight_bytes(i64::try_from(units * UNIT).unwrap_or(i64::MAX));
         Held {
             budget: Some(self.inner.clone()),
+            bytes,
             units,
         }
     }
@@ -244,6 +248,7 @@ impl Held {
     pub fn unlimited() -> Held {
         Held {
             budget: None,
+            bytes: 0,
             units: 0,
         }
     }
@@ -253,7 +258,8 @@ impl Held {
         let Some(b) = &self.budget else {
             return;
         };
-        let units = units_of(bytes);
+        self.bytes = self.bytes.saturating_add(bytes);
+        let units = units_of(self.bytes).saturating_sub(self.units);
         if units == 0 {
             return;
         }
@@ -268,7 +274,8 @@ impl Held {
 
     /// Gives back `bytes` of what it holds (what it turned out not to need).
     pub fn release(&mut self, bytes: u64) {
-        let units = (bytes / UNIT).min(self.units);
+        self.bytes = self.bytes.saturating_sub(bytes);
+        let units = self.units.saturating_sub(units_of(self.bytes));
         self.units -= units;
         self.give_back(units);
     }
@@ -295,7 +302,7 @@ impl Held {
         }
     }
 
-    /// Bytes held now (in whole units).
+    /// Bytes held now, in whole units.
     #[cfg(test)]
     fn bytes(&self) -> u64 {
         self.units * UNIT
@@ -445,6 +452,14 @@ mod tests {
         assert_eq!(b.free(), 4);
         // Bytes are counted in whole units.
         assert!(b.fits(4 * UNIT) && !b.fits(4 * UNIT + 1));
+        // Many small charges add up to what they are, not a unit each.
+        let mut w = b.try_take(0).unwrap();
+        for _ in 0..1024 {
+            w.charge(3);
+        }
+        assert_eq!((w.bytes(), b.free()), (3 * UNIT, 1));
+        w.release(3 * 1024);
+        assert_eq!((w.bytes(), b.free()), (0, 4));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -242,7 +242,13 @@ async fn invocation(
     }
     let outcome = ctx
         .invoker
-        .invoke(&request, streamed.then_some(&mut body), deadline, tag)
+        .invoke(
+            &request,
+            streamed.then_some(&mut body),
+            deadline,
+            tag,
+            slot.held(),
+        )
         .await;
     // The answer is held until it is written to the client: counted until then.
     slot.held().charge(outcome.reply.body.len() as u64);
