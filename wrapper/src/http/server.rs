@@ -6,9 +6,12 @@
 //! A request goes through, in this order, each step answering by itself when it refuses
 //! ([`Refusal`]): probes and preflights (no invocation); what its head alone decides (a declared
 //! body over [`MAX_BODY`]: 413; exec-mode headers the kernel would not pass: 431); a slot
-//! ([`Admission`]: 503 when the line is full, 504 when `RUNR_TIMEOUT` passes in line); only
-//! then its body (413, 400, 408 at the deadline); then the invocation, with what is left of the
-//! same deadline.
+//! and the bytes it will hold ([`Admission`]: 413 when they are more than the whole
+//! `RUNR_MAX_INFLIGHT_BYTES`, 503 when the line is full, 504 when `RUNR_TIMEOUT` passes in
+//! line); only then its body (413, 400, 408 at the deadline); then the invocation, with what is
+//! left of the same deadline. Whatever answers, a body not read to its end is read and thrown
+//! away after the answer ([`super::linger`]), and the answer's bytes stay counted until it has
+//! been written.
 
 use std::convert::Infallible;
 use std::future::Future;
