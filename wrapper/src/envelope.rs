@@ -301,7 +301,7 @@ impl BodyError {
 /// it arrives ([`BodyReader::next`]: raw input goes straight into the handler's stdin, so it is
 /// never held at all). At most [`MAX_BODY`] bytes either way.
 pub struct BodyReader {
-    inner: hyper::body::Incoming,
+    inner: crate::http::linger::Unread,
     /// Bytes received so far.
     seen: u64,
     /// The first bytes, kept for a replay capture when streamed (up to `keep`).
@@ -312,7 +312,7 @@ pub struct BodyReader {
 
 impl BodyReader {
     /// A reader of `inner` that keeps the first `keep` bytes it streams aside.
-    pub fn new(inner: hyper::body::Incoming, keep: usize) -> BodyReader {
+    pub fn new(inner: crate::http::linger::Unread, keep: usize) -> BodyReader {
         BodyReader {
             inner,
             seen: 0,

@@ -135,7 +135,8 @@ async fn one_shot(config: &Config) -> u8 {
     span.begin();
     let tag = span.tag(&req);
     let req = std::sync::Arc::new(req);
-    let outcome = invoker.invoke(&req, None, deadline, tag).await;
+    let mut held = crate::http::admission::Held::unlimited();
+    let outcome = invoker.invoke(&req, None, deadline, tag, &mut held).await;
     let body = (&req.body[..], req.body.len() as u64);
     invoke::finish(&req, body, &outcome, started.elapsed(), span);
     let response = TickResponse {

@@ -4,6 +4,7 @@
 
 pub(crate) mod handler;
 pub(crate) mod lambda;
+pub(crate) mod memory;
 pub(crate) mod observe;
 pub(crate) mod telemetry;
 
@@ -13,6 +14,7 @@ use runr_base::env::{ConfigErrors, Env, VarDoc};
 
 use handler::HandlerConfig;
 use lambda::LambdaConfig;
+use memory::MemoryConfig;
 use observe::ObserveConfig;
 use telemetry::TelemetryConfig;
 
@@ -117,6 +119,11 @@ pub const VARS: &[VarDoc] = &[
         "1024",
         "requests waiting for a handler or worker, 0-1048576; beyond: 503",
     ),
+    VarDoc::new(
+        memory::ENV_MAX_INFLIGHT_BYTES,
+        "half the cgroup memory limit",
+        "bytes held for invocations at most (bodies, envelopes, answers, captures), or unlimited",
+    ),
     VarDoc::optional(
         ENV_TRIGGER,
         "http | queue | schedule, for the whole pod; unset: RUNR_MODE=schedule runs the \
@@ -204,6 +211,8 @@ pub struct Config {
     pub max_inflight: usize,
     /// `RUNR_MAX_QUEUE`.
     pub max_queue: usize,
+    /// The cgroup's memory limit and `RUNR_MAX_INFLIGHT_BYTES`.
+    pub memory: MemoryConfig,
     /// `RUNR_TRIGGER`, when set.
     pub trigger: Option<Trigger>,
     /// `RUNR_MODE`, when set.
@@ -249,6 +258,7 @@ impl Config {
         let timeout = env.duration_in(ENV_TIMEOUT, DEFAULT_TIMEOUT, MIN_TIMEOUT..=MAX_TIMEOUT);
         let max_inflight = env.count(ENV_MAX_INFLIGHT, DEFAULT_MAX_INFLIGHT, 1..=MAX_MAX_INFLIGHT);
         let max_queue = env.count(ENV_MAX_QUEUE, DEFAULT_MAX_QUEUE, 0..=MAX_MAX_QUEUE);
+        let memory = MemoryConfig::parse(&mut env, memory::cgroup_limit());
         let trigger = env.optional(ENV_TRIGGER, |v| match v {
             "http" => Ok(Trigger::Http),
             "queue" => Ok(Trigger::Queue),
@@ -287,6 +297,7 @@ impl Config {
             timeout,
             max_inflight,
             max_queue,
+            memory,
             trigger,
             run_mode,
             log_level,

@@ -6,6 +6,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod direct;
+pub(crate) mod linger;
 pub(crate) mod metrics;
 pub(crate) mod proxy;
 pub(crate) mod server;
@@ -67,10 +68,13 @@ pub enum Refusal {
     /// 431: exec mode: the headers cannot be passed to the handler as environment variables
     /// (one longer than the kernel takes, or all of them together).
     HeadersTooLarge,
-    /// 503 with `Retry-After: 1`: every slot busy and `RUNR_MAX_QUEUE` requests waiting.
+    /// 503 with `Retry-After: 1`: every slot (or the byte budget) taken and `RUNR_MAX_QUEUE`
+    /// requests waiting.
     Overloaded,
     /// 504: `RUNR_TIMEOUT` passed while the request waited for a slot.
     QueueTimedOut,
+    /// 413: the request would hold more bytes than the whole `RUNR_MAX_INFLIGHT_BYTES`.
+    OverBudget,
 }
 
 impl Refusal {
@@ -81,6 +85,7 @@ impl Refusal {
             Refusal::HeadersTooLarge => "headers_too_large",
             Refusal::Overloaded => "overloaded",
             Refusal::QueueTimedOut => "queue_timed_out",
+            Refusal::OverBudget => "over_budget",
         }
     }
 
@@ -88,7 +93,7 @@ impl Refusal {
     /// `timeout` (504 in line), `request` for a body the client could not send (400, 408).
     pub fn class(self) -> Option<ErrorClass> {
         match self {
-            Refusal::Body(BodyError::TooLarge) | Refusal::HeadersTooLarge => {
+            Refusal::Body(BodyError::TooLarge) | Refusal::HeadersTooLarge | Refusal::OverBudget => {
                 Some(ErrorClass::Limit)
             }
             Refusal::Body(BodyError::Unreadable | BodyError::TimedOut) => Some(ErrorClass::Request),
@@ -103,6 +108,7 @@ impl Refusal {
             Refusal::Body(BodyError::TooLarge) => Some(Rejected::BodyTooLarge),
             Refusal::HeadersTooLarge => Some(Rejected::HeadersTooLarge),
             Refusal::Overloaded => Some(Rejected::Overload),
+            Refusal::OverBudget => Some(Rejected::OverBudget),
             Refusal::Body(_) | Refusal::QueueTimedOut => None,
         }
     }
@@ -116,6 +122,10 @@ impl Refusal {
                 "request headers too large".to_string(),
             ),
             Refusal::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded".to_string()),
+            Refusal::OverBudget => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request needs more memory than RUNR_MAX_INFLIGHT_BYTES".to_string(),
+            ),
             Refusal::QueueTimedOut => (
                 StatusCode::GATEWAY_TIMEOUT,
                 format!("handler timed out after {}", display_timeout(timeout)),

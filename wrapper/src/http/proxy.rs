@@ -32,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::linger::{Linger, Unread};
 use super::{direct, into_response, is_probe, preflight, serve_connections};
 use crate::config::{Config, Trigger};
 use crate::invoke::display_timeout;
@@ -178,6 +179,12 @@ async fn handle(
     upstream: Arc<Mutex<Option<SendRequest<UpBody>>>>,
     req: hyper::Request<Incoming>,
 ) -> Result<hyper::Response<DownBody>, Infallible> {
+    let started = Instant::now();
+    // A body the program (or the proxy's own answer) leaves unread is read and discarded after
+    // the answer (lingering close), so the client gets the answer instead of a reset.
+    let (parts, body) = req.into_parts();
+    let body = Unread::new(body, &parts.headers, Linger::until(started + ctx.timeout));
+    let req = hyper::Request::from_parts(parts, body);
     if is_probe(&req) {
         // Ready only once the program listens, so Knative does not route to a pod that would
         // make requests wait.
@@ -194,7 +201,6 @@ async fn handle(
     if req.method() == Method::OPTIONS {
         return Ok(wrapper_response(preflight()));
     }
-    let started = Instant::now();
     let trigger = ctx.rule.of(req.headers());
     let cold_start = trace::take_cold_start();
     let span = ctx
@@ -451,7 +457,7 @@ impl Done {
 /// The client's request body on its way to the program, copying its first bytes aside when a
 /// capture may need them.
 pub struct TeeBody {
-    inner: Incoming,
+    inner: Unread,
     kept: Option<(Arc<Mutex<Kept>>, usize)>,
 }
 

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request, WRITE_CHUNK};
+use crate::http::admission::Held;
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
@@ -104,6 +105,7 @@ impl Exec {
         mut body: Option<&mut BodyReader>,
         deadline: Instant,
         tag: Tag,
+        held: &mut Held,
     ) -> Outcome {
         let cold_start = !INVOKED.swap(true, Ordering::Relaxed);
         let mut cmd = Command::new(&self.program);
@@ -153,9 +155,19 @@ impl Exec {
             (Input::Raw, Some(body)) => Feed::Stream(body),
             (Input::Raw, None) => Feed::Raw(req.body.clone()),
         };
+        // The answer counts against RUNR_MAX_INFLIGHT_BYTES while it is collected; given back
+        // when this returns (the server charges the reply made of it).
+        let mut collecting = Collecting { held, bytes: 0 };
         let collected = tokio::time::timeout_at(
             deadline,
-            collect(&mut proc, stdin, &mut pipes, &mut log, input),
+            collect(
+                &mut proc,
+                stdin,
+                &mut pipes,
+                &mut log,
+                input,
+                &mut collecting,
+            ),
         )
         .await;
         let outcome = match collected {
@@ -329,6 +341,7 @@ async fn collect(
     pipes: &mut Pipes,
     log: &mut HandlerLog,
     input: Feed<'_>,
+    collecting: &mut Collecting<'_>,
 ) -> Collected {
     let write = async move {
         match stdin {
@@ -355,7 +368,7 @@ async fn collect(
             read = read_some(&mut pipes.answer, &mut out), if !eof => match read {
                 Ok(0) | Err(_) => eof = true,
                 Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
-                Ok(_) => {}
+                Ok(n) => collecting.charge(n),
             },
             () = fill(&mut pipes.stderr), if stderr_open => flush(&mut pipes.stderr, log),
             () = fill(&mut pipes.stdout_log), if stdout_open => flush(&mut pipes.stdout_log, log),
@@ -364,11 +377,33 @@ async fn collect(
     // The handler has exited, so everything it wrote is in the pipe already. Read only that:
     // a grandchild that inherited the pipe and lives on must not hold the answer back.
     if let (Some(r), false) = (pipes.answer.as_ref(), eof) {
+        let before = out.len();
         if process::read_ready(r, &mut out, MAX_OUTPUT) == Drained::OverCap {
             return Collected::TooLarge;
         }
+        collecting.charge(out.len() - before);
     }
     Collected::Done { exit, stdout: out }
+}
+
+/// The bytes of an answer being collected, charged to the invocation's budget bytes as they
+/// arrive (never waited for: the handler is running) and given back when dropped.
+struct Collecting<'a> {
+    held: &'a mut Held,
+    bytes: u64,
+}
+
+impl Collecting<'_> {
+    fn charge(&mut self, n: usize) {
+        self.held.charge(n as u64);
+        self.bytes += n as u64;
+    }
+}
+
+impl Drop for Collecting<'_> {
+    fn drop(&mut self) {
+        self.held.release(self.bytes);
+    }
 }
 
 async fn fill(p: &mut Option<LinePipe>) {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, Mode};
 use crate::envelope::{BodyReader, Request};
+use crate::http::admission::Held;
 use crate::observe::logs::{self, InvocationLine, Tag};
 use crate::observe::metrics::{self, Invocation};
 use crate::observe::trace::{self, Span};
@@ -213,16 +214,18 @@ impl Invoker {
 
     /// Runs one invocation to its end, answering 504 at `deadline`; never fails: every failure
     /// is an answer. `body` is the body still to be read when [`Invoker::streams_body`] (else
-    /// `req.body` is all of it). The handler's log lines carry `tag`.
+    /// `req.body` is all of it). The handler's log lines carry `tag`; exec mode counts the
+    /// answer it collects in `held` (`RUNR_MAX_INFLIGHT_BYTES`) while it collects it.
     pub async fn invoke(
         &self,
         req: &Arc<Request>,
         body: Option<&mut BodyReader>,
         deadline: Instant,
         tag: Tag,
+        held: &mut Held,
     ) -> Outcome {
         match self {
-            Invoker::Exec(exec) => exec.invoke(req, body, deadline, tag).await,
+            Invoker::Exec(exec) => exec.invoke(req, body, deadline, tag, held).await,
             Invoker::Pool(pool) => pool.invoke(req, deadline, tag).await,
             // A runtime's lines are read by lambda mode itself (not tied to an invocation).
             Invoker::Lambda(lambda) => lambda.invoke(req, deadline).await,

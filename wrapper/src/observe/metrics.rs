@@ -49,13 +49,16 @@ pub enum Rejected {
     BodyTooLarge,
     /// The request headers cannot be passed to the handler (431).
     HeadersTooLarge,
+    /// The request needs more than the whole `RUNR_MAX_INFLIGHT_BYTES` (413).
+    OverBudget,
 }
 
 impl Rejected {
-    const ALL: [Rejected; 3] = [
+    const ALL: [Rejected; 4] = [
         Rejected::Overload,
         Rejected::BodyTooLarge,
         Rejected::HeadersTooLarge,
+        Rejected::OverBudget,
     ];
 
     fn as_str(self) -> &'static str {
@@ -63,6 +66,7 @@ impl Rejected {
             Rejected::Overload => "overload",
             Rejected::BodyTooLarge => "body_too_large",
             Rejected::HeadersTooLarge => "headers_too_large",
+            Rejected::OverBudget => "over_budget",
         }
     }
 }
@@ -81,7 +85,12 @@ pub struct Metrics {
     queued: AtomicI64,
     worker_restarts: AtomicU64,
     workers_alive: AtomicI64,
-    rejected: [AtomicU64; 3],
+    rejected: [AtomicU64; 4],
+    /// Bytes held for invocations now (`RUNR_MAX_INFLIGHT_BYTES` counts them).
+    inflight_bytes: AtomicI64,
+    /// The budget and the cgroup's memory limit; -1: none.
+    budget_bytes: AtomicI64,
+    memory_limit: AtomicI64,
 }
 
 /// The counters of one trigger's invocations.
@@ -173,7 +182,10 @@ impl Metrics {
             queued: AtomicI64::new(0),
             worker_restarts: ZERO,
             workers_alive: AtomicI64::new(0),
-            rejected: [ZERO; 3],
+            rejected: [ZERO; 4],
+            inflight_bytes: AtomicI64::new(0),
+            budget_bytes: AtomicI64::new(-1),
+            memory_limit: AtomicI64::new(-1),
         }
     }
 
@@ -183,6 +195,18 @@ impl Metrics {
         self.usual
             .store(trigger_index(usual) as u8, Ordering::Relaxed);
         self.persistent.store(persistent, Ordering::Relaxed);
+    }
+
+    /// The cgroup's memory limit and the budget of bytes held for invocations (`None`: none).
+    pub fn memory(&self, limit: Option<u64>, budget: Option<u64>) {
+        let gauge = |v: Option<u64>| v.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        self.memory_limit.store(gauge(limit), Ordering::Relaxed);
+        self.budget_bytes.store(gauge(budget), Ordering::Relaxed);
+    }
+
+    /// Bytes held for invocations change by `delta`.
+    pub fn inflight_bytes(&self, delta: i64) {
+        self.inflight_bytes.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Counts a finished invocation.
@@ -340,6 +364,30 @@ impl Metrics {
             "Requests waiting for a handler now.",
             self.queued.load(Ordering::Relaxed),
         );
+        gauge(
+            &mut out,
+            "runr_inflight_bytes",
+            "Bytes held for invocations now: buffered bodies, envelopes, answers, captures.",
+            self.inflight_bytes.load(Ordering::Relaxed),
+        );
+        let budget = self.budget_bytes.load(Ordering::Relaxed);
+        if budget >= 0 {
+            gauge(
+                &mut out,
+                "runr_inflight_bytes_limit",
+                "RUNR_MAX_INFLIGHT_BYTES: bytes held for invocations at most.",
+                budget,
+            );
+        }
+        let limit = self.memory_limit.load(Ordering::Relaxed);
+        if limit >= 0 {
+            gauge(
+                &mut out,
+                "runr_memory_limit_bytes",
+                "The memory limit of the wrapper's cgroup, read at start.",
+                limit,
+            );
+        }
         if self.persistent.load(Ordering::Relaxed) {
             header(
                 &mut out,
@@ -523,6 +571,27 @@ mod tests {
                 "faas_timeouts_total{trigger=\"queue\"} 0"
             ]
         );
+    }
+
+    #[test]
+    fn the_memory_budget_is_exported_when_there_is_one() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("\nrunr_inflight_bytes 0\n"), "{text}");
+        assert!(!text.contains("runr_inflight_bytes_limit"), "{text}");
+        assert!(!text.contains("runr_memory_limit_bytes"), "{text}");
+        m.memory(Some(256 << 20), Some(128 << 20));
+        m.inflight_bytes(9 << 20);
+        m.rejected(Rejected::OverBudget);
+        let text = m.render();
+        for line in [
+            "runr_inflight_bytes 9437184",
+            "runr_inflight_bytes_limit 134217728",
+            "runr_memory_limit_bytes 268435456",
+            "runr_rejected_total{reason=\"over_budget\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
     }
 
     #[test]

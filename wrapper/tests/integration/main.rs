@@ -3,6 +3,7 @@
 //! here rather than new files at tests/ top level.
 
 mod admission;
+mod cgroup;
 mod deadlines;
 mod errors;
 mod exec;
@@ -10,6 +11,7 @@ mod headers;
 mod http_mode;
 mod lambda;
 mod lifecycle;
+mod linger;
 mod logs;
 mod memory;
 mod metrics;
