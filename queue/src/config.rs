@@ -13,8 +13,13 @@ pub const ENV_REDIS_URL: &str = "RUNR_QUEUE_REDIS_URL";
 pub const ENV_REDIS_CA_FILE: &str = "RUNR_QUEUE_REDIS_CA_FILE";
 /// The stream to consume. Required.
 pub const ENV_STREAM: &str = "RUNR_QUEUE_STREAM";
-/// The consumer group; created at `$` (new entries only) with `MKSTREAM` when missing. Required.
+/// The consumer group; created at [`ENV_START`] with `MKSTREAM` when missing. Required.
 pub const ENV_GROUP: &str = "RUNR_QUEUE_GROUP";
+/// Where a group the consumer (or `runr-queue create-group`) creates starts: `$` new entries
+/// only, `0` the whole stream, or an entry id (entries after it). A group lost later (Redis lost
+/// its data, someone destroyed it) is created again where this consumer left off, never at `$`.
+pub const ENV_START: &str = "RUNR_QUEUE_START";
+const DEFAULT_START: &str = "$";
 /// This consumer's name within the group. Defaults to `$HOSTNAME` (the pod's name).
 pub const ENV_CONSUMER: &str = "RUNR_QUEUE_CONSUMER";
 /// Read only as the default of [`ENV_CONSUMER`]; the kubelet sets it to the pod's name.
@@ -90,7 +95,12 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::required(ENV_STREAM, "the stream to consume"),
     VarDoc::required(
         ENV_GROUP,
-        "the consumer group (created at $ with MKSTREAM when missing)",
+        "the consumer group (created at RUNR_QUEUE_START with MKSTREAM when missing)",
+    ),
+    VarDoc::new(
+        ENV_START,
+        "$",
+        "where a group created here starts: $ (new entries), 0 (the whole stream) or an entry id",
     ),
     VarDoc::new(
         ENV_CONSUMER,
@@ -242,6 +252,8 @@ pub struct Config {
     pub stream: String,
     /// [`ENV_GROUP`].
     pub group: String,
+    /// [`ENV_START`]: `$`, `0` or an entry id, as Redis reads it in `XGROUP CREATE`.
+    pub start: String,
     /// [`ENV_CONSUMER`].
     pub consumer: String,
     /// [`ENV_TARGET`].
@@ -268,9 +280,30 @@ pub struct Config {
     pub log_level: tracing::Level,
 }
 
+/// What a command needs of the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `run`: every required variable.
+    Consumer,
+    /// `create-group`, `redrive`: Redis, the stream and the group; no target, no consumer name
+    /// (read and checked when set, placeholders when not).
+    Admin,
+}
+
+/// The consumer name of the admin commands when none is set (they read no entries).
+const ADMIN_CONSUMER: &str = "runr-queue-admin";
+
 impl Config {
     /// Reads every variable through `get`; every bad one is an error in the result.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        Self::for_role(get, Role::Consumer)
+    }
+
+    /// [`Config::from_lookup`] for `role`.
+    pub fn for_role(
+        get: &dyn Fn(&str) -> Option<String>,
+        role: Role,
+    ) -> Result<Config, ConfigErrors> {
         let mut env = Env::new(get);
         let redis = redis_url(&mut env);
         let redis_ca = env.optional(ENV_REDIS_CA_FILE, read_ca_file);
@@ -284,8 +317,10 @@ impl Config {
         }
         let stream = env.required(ENV_STREAM, parse_name);
         let group = env.required(ENV_GROUP, parse_name);
+        let start = env.parse(ENV_START, DEFAULT_START.to_string(), parse_start);
         let consumer = match env.value(ENV_CONSUMER) {
             Some(v) => check_name(&mut env, ENV_CONSUMER, &v),
+            None if role == Role::Admin => Some(ADMIN_CONSUMER.to_string()),
             None => match env.value(ENV_HOSTNAME) {
                 Some(v) => check_name(&mut env, ENV_HOSTNAME, &v),
                 None => {
@@ -294,7 +329,12 @@ impl Config {
                 }
             },
         };
-        let target = env.required(ENV_TARGET, parse_target);
+        let target = match role {
+            Role::Consumer => env.required(ENV_TARGET, parse_target),
+            Role::Admin => env
+                .optional(ENV_TARGET, parse_target)
+                .or_else(|| parse_target("http://localhost/").ok()),
+        };
         let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=MAX_CONCURRENCY);
         let max_attempts = env.count(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, 1..=MAX_MAX_ATTEMPTS);
         let backoff = env.duration_in(ENV_BACKOFF, DEFAULT_BACKOFF, MS..=Duration::from_secs(3600));
@@ -331,6 +371,7 @@ impl Config {
                 redis_ca,
                 stream: stream?,
                 group: group?,
+                start,
                 consumer: consumer?,
                 target: target?,
                 concurrency,
@@ -351,6 +392,25 @@ impl Config {
     /// The dead-letter stream, `<stream>-dlq`.
     pub fn dead_letter_stream(&self) -> String {
         format!("{}-dlq", self.stream)
+    }
+}
+
+/// [`ENV_START`]: `$`, `0`, or an entry id `<ms>[-<seq>]`.
+pub fn parse_start(v: &str) -> Result<String, String> {
+    if v == "$" || v == "0" {
+        return Ok(v.to_string());
+    }
+    let number = |s: &str| {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+    };
+    let ok = match v.split_once('-') {
+        Some((ms, seq)) => number(ms) && number(seq),
+        None => number(v),
+    };
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err("expected $ (new entries only), 0 (the whole stream) or an entry id such as 1700000000000-0".to_string())
     }
 }
 
@@ -714,6 +774,59 @@ mod tests {
             lines[7],
             r#"RUNR_QUEUE_BACKOFF_MAX="1m": must be at least RUNR_QUEUE_BACKOFF (5m)"#
         );
+    }
+
+    #[test]
+    fn starts() {
+        assert_eq!(parse(GOOD).unwrap().start, "$");
+        for good in ["$", "0", "1700000000000", "1700000000000-0", "0-1"] {
+            let c = parse(&with(&[(ENV_START, good)])).unwrap();
+            assert_eq!(c.start, good);
+        }
+        for bad in [
+            "now",
+            "-1",
+            "1-",
+            "-0",
+            "1-2-3",
+            "$0",
+            "99999999999999999999999",
+        ] {
+            let errors = parse(&with(&[(ENV_START, bad)])).unwrap_err();
+            assert_eq!(errors.names(), [ENV_START], "{bad:?}");
+            assert!(
+                errors.to_string().contains("expected $ (new entries only)"),
+                "{errors}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_admin_commands_need_no_target_or_consumer() {
+        let vars = [
+            (ENV_REDIS_URL, "redis://127.0.0.1:6379"),
+            (ENV_STREAM, "orders"),
+            (ENV_GROUP, "orders-api"),
+        ];
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = move |n: &str| map.get(n).cloned();
+        let c = Config::for_role(&get, Role::Admin).unwrap();
+        assert_eq!(c.consumer, ADMIN_CONSUMER);
+        assert_eq!(
+            Config::for_role(&get, Role::Consumer).unwrap_err().names(),
+            [ENV_CONSUMER, ENV_TARGET]
+        );
+        // Set, they are still checked.
+        let bad = |n: &str| {
+            (n == ENV_TARGET)
+                .then(|| "ftp://x".to_string())
+                .or_else(|| get(n))
+        };
+        let errors = Config::for_role(&bad, Role::Admin).unwrap_err();
+        assert_eq!(errors.names(), [ENV_TARGET]);
     }
 
     #[test]

@@ -106,9 +106,18 @@ pub async fn run(
             return Ended::Stopped { drained: true };
         }
     };
-    if let Err(r) = created {
-        log_refusal(&r);
-        return Ended::Fatal(r.to_string());
+    match created {
+        Err(r) => {
+            log_refusal(&r);
+            return Ended::Fatal(r.to_string());
+        }
+        Ok(true) => tracing::info!(
+            stream = %ctx.config.stream,
+            group = %ctx.config.group,
+            at = %ctx.config.start,
+            "created the consumer group"
+        ),
+        Ok(false) => {}
     }
     let c = &ctx.config;
     tracing::info!(
@@ -157,6 +166,9 @@ pub async fn run(
         .await
         .is_ok();
     heartbeat.abort();
+    if drained && ended_by.is_err() {
+        ctx.leave_group().await;
+    }
     let (delivered, dead, left) = (
         ctx.counts.delivered.load(Ordering::Relaxed),
         ctx.counts.dead_lettered.load(Ordering::Relaxed),
@@ -202,6 +214,33 @@ impl Ctx {
 
     fn in_hand(&self) -> usize {
         self.hand().len()
+    }
+
+    /// At a clean exit with nothing left pending on this consumer, `XGROUP DELCONSUMER`: pods
+    /// of an autoscaled Deployment are each a consumer, and would otherwise pile up in the group.
+    /// Nothing is read any more, so nothing can become pending on it in between.
+    async fn leave_group(&self) {
+        if self.in_hand() > 0 || self.counts.left_pending.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        let limit = Duration::from_secs(2);
+        let left = tokio::time::timeout(limit, async {
+            match self.store.holds_pending().await {
+                Ok(false) => self.store.delete_consumer().await.map(|()| true),
+                Ok(true) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        match left {
+            Ok(Ok(true)) => tracing::info!(
+                consumer = %self.config.consumer,
+                "left the consumer group (nothing pending on this consumer)"
+            ),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the consumer group"),
+            Err(_) => tracing::debug!("could not leave the consumer group in time"),
+        }
     }
 
     fn stopped(&self) -> bool {

@@ -10,9 +10,11 @@
 //! - `backoff`: the wait before each retry;
 //! - `store`: the Redis commands, the two connections, waiting out outages;
 //! - `deliver`: the HTTP/1.1 client and its keep-alive pool;
-//! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand.
+//! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand;
+//! - [`admin`]: the operator's subcommands (`create-group`, `redrive`).
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub(crate) mod answer;
 pub(crate) mod backoff;
 pub mod config;
@@ -82,7 +84,9 @@ pub fn usage() -> String {
         "Reads a Redis stream as a consumer group member and delivers every entry to \
          RUNR_QUEUE_TARGET as a CloudEvent (binary mode); 2xx acknowledges, anything else is \
          retried with backoff, then moved to <stream>-dlq.\n\
-         Usage: runr-queue [run | version | help]\n\
+         Usage: runr-queue [run | create-group | version | help]\n\
+         create-group: creates the group at RUNR_QUEUE_START unless it exists (needs only \
+         RUNR_QUEUE_REDIS_URL, RUNR_QUEUE_STREAM, RUNR_QUEUE_GROUP).\n\
          Exit status: 0 after SIGTERM/SIGINT, 1 when Redis refuses us for good, 2 for bad \
          configuration.\n\n{}",
         runr_base::env::help(&[config::VARS])

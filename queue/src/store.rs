@@ -272,6 +272,10 @@ pub(crate) struct Store {
     pub group: String,
     pub consumer: String,
     pub dead_letters: String,
+    /// Where a group created at start begins ([`Config::start`]).
+    start: String,
+    /// The newest entry id this consumer read or claimed: where a lost group is created again.
+    last_seen: Mutex<Option<(u64, u64)>>,
     pub health: Health,
     /// Set once by the first fatal error; the consumer stops on it.
     fatal: tokio::sync::watch::Sender<Option<Refusal>>,
@@ -323,6 +327,8 @@ impl Store {
             group: config.group.clone(),
             consumer: config.consumer.clone(),
             dead_letters: config.dead_letter_stream(),
+            start: config.start.clone(),
+            last_seen: Mutex::new(None),
             health: Health::default(),
             fatal,
         })
@@ -440,9 +446,9 @@ impl Store {
             match op().await {
                 Ok(v) => return Ok(v),
                 Err(StoreError::Fatal(m)) => return Err(m),
-                Err(StoreError::NoGroup) => match self.create_group().await {
-                    Ok(()) => {
-                        self.log_recreated();
+                Err(StoreError::NoGroup) => match self.create_group_again().await {
+                    Ok(at) => {
+                        self.log_recreated(&at);
                         continue;
                     }
                     Err(StoreError::Fatal(m)) => return Err(m),
@@ -464,17 +470,40 @@ impl Store {
 
     /// The group again, after an operation found it gone.
     pub(crate) async fn recreate_group(&self) -> Result<(), Refusal> {
-        self.retry(|| self.create_group()).await?;
-        self.log_recreated();
+        let at = self.retry(|| self.create_group_again()).await?;
+        self.log_recreated(&at);
         Ok(())
     }
 
-    fn log_recreated(&self) {
+    fn log_recreated(&self, at: &str) {
         tracing::warn!(
             stream = %self.stream,
             group = %self.group,
-            "the stream or its consumer group was gone: created it again at $"
+            at,
+            "the stream or its consumer group was gone: created it again after the last entry this consumer saw"
         );
+    }
+
+    /// Notes the entries just read or claimed: the newest id is where a lost group starts again.
+    fn saw(&self, entries: &[Entry]) {
+        let newest = entries.iter().filter_map(|e| parse_id(&e.id)).max();
+        if let Some(id) = newest {
+            let mut last = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_none_or(|l| id > l) {
+                *last = Some(id);
+            }
+        }
+    }
+
+    /// Where a lost group is created again: after the newest entry this consumer saw (what a
+    /// Redis that lost its data gets from producers afterwards has newer ids), or `0` when it saw
+    /// none (everything in the stream is new to it); never `$`, which would skip what producers
+    /// wrote between the loss and now.
+    pub(crate) fn recreate_at(&self) -> String {
+        match *self.last_seen.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((ms, seq)) => format!("{ms}-{seq}"),
+            None => "0".to_string(),
+        }
     }
 
     /// `command` on the stream.
@@ -487,13 +516,24 @@ impl Store {
 
     // === commands ===
 
-    /// `XGROUP CREATE <stream> <group> $ MKSTREAM`; an existing group is fine.
-    pub(crate) async fn create_group(&self) -> Result<(), StoreError> {
+    /// The group at `RUNR_QUEUE_START` when it is missing; `true` when it was created now.
+    pub(crate) async fn create_group(&self) -> Result<bool, StoreError> {
+        self.create_group_at(&self.start).await
+    }
+
+    /// The group again where this consumer left off ([`Store::recreate_at`]); that id.
+    async fn create_group_again(&self) -> Result<String, StoreError> {
+        let at = self.recreate_at();
+        self.create_group_at(&at).await.map(|_| at)
+    }
+
+    /// `XGROUP CREATE <stream> <group> <at> MKSTREAM`; an existing group is fine (`false`).
+    async fn create_group_at(&self, at: &str) -> Result<bool, StoreError> {
         let mut cmd = redis::cmd("XGROUP");
         cmd.arg("CREATE")
             .arg(&self.stream)
             .arg(&self.group)
-            .arg("$")
+            .arg(at)
             .arg("MKSTREAM");
         let op = Op {
             command: "XGROUP CREATE",
@@ -504,14 +544,43 @@ impl Store {
             move |c| {
                 Box::pin(async move {
                     match cmd.query_async::<Value>(c).await {
-                        Err(e) if e.code() == Some("BUSYGROUP") => Ok(Value::Okay),
-                        other => other,
+                        Err(e) if e.code() == Some("BUSYGROUP") => Ok(false),
+                        Err(e) => Err(e),
+                        Ok(_) => Ok(true),
                     }
                 })
             },
         )
         .await
-        .map(drop)
+    }
+
+    /// Whether any entry is pending on this consumer (`XPENDING … - + 1 <consumer>`).
+    pub(crate) async fn holds_pending(&self) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg("-")
+            .arg("+")
+            .arg(1)
+            .arg(&self.consumer);
+        let reply = self.query(self.op("XPENDING"), cmd).await?;
+        match reply {
+            Value::Array(rows) => Ok(!rows.is_empty()),
+            _ => Err(StoreError::reply("XPENDING", "not an array")),
+        }
+    }
+
+    /// `XGROUP DELCONSUMER`: this consumer leaves the group (it must hold nothing pending: the
+    /// command drops the consumer's pending entries with it).
+    pub(crate) async fn delete_consumer(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("DELCONSUMER")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer);
+        self.query(self.op("XGROUP DELCONSUMER"), cmd)
+            .await
+            .map(drop)
     }
 
     /// The pending entries' delivery counts (`None`: not pending any more), one round trip.
@@ -562,7 +631,9 @@ impl Store {
             .arg("COUNT")
             .arg(count);
         let reply = self.query(self.op("XAUTOCLAIM"), cmd).await?;
-        parse_autoclaim(reply)
+        let claimed = parse_autoclaim(reply)?;
+        self.saw(&claimed.1);
+        Ok(claimed)
     }
 
     /// Sets an entry's delivery count to `attempt` before that attempt, and makes it ours and
@@ -704,7 +775,9 @@ impl Store {
         match cmd.query_async::<Value>(&mut reader.conn).await {
             Ok(v) => {
                 self.health.answered();
-                parse_read(v)
+                let entries = parse_read(v)?;
+                self.saw(&entries);
+                Ok(entries)
             }
             Err(e) => {
                 if breaks_connection(&e) {
@@ -874,6 +947,12 @@ fn pending_count(v: &Value) -> Result<Option<u32>, StoreError> {
         Some(Value::Int(n)) => Ok(Some(u32::try_from(*n).unwrap_or(u32::MAX))),
         _ => Err(StoreError::reply("XPENDING", "no delivery count")),
     }
+}
+
+/// `<ms>-<seq>` as numbers, to compare ids.
+pub(crate) fn parse_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 fn parse_ids(v: &Value, command: &str) -> Result<Vec<String>, StoreError> {

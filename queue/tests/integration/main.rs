@@ -8,6 +8,7 @@ mod config;
 mod crash;
 mod delivery;
 mod join;
+mod lifecycle;
 mod limits;
 mod outage;
 mod refusals;
