@@ -71,6 +71,12 @@ pub const WRAPPER_ERROR_CLASSES: &[&str] = &[
     "overload",
     "unavailable",
 ];
+/// The dead-letter stream; `<stream>-dlq` when unset.
+pub const ENV_DEAD_LETTER_STREAM: &str = "RUNR_QUEUE_DEAD_LETTER_STREAM";
+/// Approximate length bound of the dead-letter stream (`XADD … MAXLEN ~ n`): Redis trims the
+/// oldest dead letters once there are about this many. Unset: unbounded.
+pub const ENV_DEAD_LETTER_MAXLEN: &str = "RUNR_QUEUE_DEAD_LETTER_MAXLEN";
+const MAX_DEAD_LETTER_MAXLEN: u64 = 1 << 40;
 /// How long deliveries in flight may finish after SIGTERM.
 pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
 /// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
@@ -143,6 +149,15 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::optional(
         ENV_DEAD_LETTER_AT_ONCE,
         "error classes and statuses dead-lettered without a retry, e.g. limit,400,422",
+    ),
+    VarDoc::new(
+        ENV_DEAD_LETTER_STREAM,
+        "<stream>-dlq",
+        "the dead-letter stream",
+    ),
+    VarDoc::optional(
+        ENV_DEAD_LETTER_MAXLEN,
+        "approximate length bound of the dead-letter stream (XADD MAXLEN ~); unbounded when unset",
     ),
     VarDoc::new(
         ENV_DRAIN,
@@ -274,6 +289,10 @@ pub struct Config {
     pub max_body: usize,
     /// [`ENV_DEAD_LETTER_AT_ONCE`].
     pub at_once: AtOnce,
+    /// [`ENV_DEAD_LETTER_STREAM`], `<stream>-dlq` when unset.
+    pub dead_letters: String,
+    /// [`ENV_DEAD_LETTER_MAXLEN`].
+    pub dead_letter_maxlen: Option<u64>,
     /// [`ENV_DRAIN`].
     pub drain: Duration,
     /// [`ENV_LOG`].
@@ -358,6 +377,20 @@ impl Config {
         );
         let max_body = env.size_in(ENV_MAX_BODY, DEFAULT_MAX_BODY, MAX_BODY_RANGE) as usize;
         let at_once = env.parse(ENV_DEAD_LETTER_AT_ONCE, AtOnce::default(), parse_at_once);
+        let dead_letters = env.optional(ENV_DEAD_LETTER_STREAM, parse_name);
+        let dead_letter_maxlen = env.optional(ENV_DEAD_LETTER_MAXLEN, |v| {
+            runr_base::env::parse_count(v, &(1..=MAX_DEAD_LETTER_MAXLEN))
+        });
+        if let (Some(d), Some(s)) = (&dead_letters, &stream) {
+            if d == s {
+                env.reject(
+                    ENV_DEAD_LETTER_STREAM,
+                    Some(d),
+                    format!("must not be the stream itself ({ENV_STREAM})"),
+                );
+            }
+        }
+        let dead_letters = dead_letters.or_else(|| stream.as_ref().map(|s| format!("{s}-dlq")));
         let drain = env.duration_in(
             ENV_DRAIN,
             DEFAULT_DRAIN,
@@ -382,6 +415,8 @@ impl Config {
                 claim_idle,
                 max_body,
                 at_once,
+                dead_letters: dead_letters?,
+                dead_letter_maxlen,
                 drain,
                 log_level,
             })
@@ -389,9 +424,9 @@ impl Config {
         env.finish_with(value)
     }
 
-    /// The dead-letter stream, `<stream>-dlq`.
+    /// The dead-letter stream, [`ENV_DEAD_LETTER_STREAM`] or `<stream>-dlq`.
     pub fn dead_letter_stream(&self) -> String {
-        format!("{}-dlq", self.stream)
+        self.dead_letters.clone()
     }
 }
 
@@ -668,6 +703,7 @@ mod tests {
         assert_eq!(c.drain, Duration::from_secs(25));
         assert_eq!(c.log_level, tracing::Level::INFO);
         assert_eq!(c.dead_letter_stream(), "orders-dlq");
+        assert_eq!(c.dead_letter_maxlen, None);
     }
 
     #[test]
@@ -774,6 +810,39 @@ mod tests {
             lines[7],
             r#"RUNR_QUEUE_BACKOFF_MAX="1m": must be at least RUNR_QUEUE_BACKOFF (5m)"#
         );
+    }
+
+    #[test]
+    fn dead_letter_streams() {
+        let c = parse(&with(&[
+            (ENV_DEAD_LETTER_STREAM, "{orders}-parked"),
+            (ENV_DEAD_LETTER_MAXLEN, "10000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.dead_letter_stream(), "{orders}-parked");
+        assert_eq!(c.dead_letter_maxlen, Some(10000));
+        for (name, bad, reason) in [
+            (
+                ENV_DEAD_LETTER_STREAM,
+                "orders",
+                "must not be the stream itself",
+            ),
+            (ENV_DEAD_LETTER_STREAM, "a b", "only visible ASCII"),
+            (
+                ENV_DEAD_LETTER_MAXLEN,
+                "0",
+                "expected a whole number from 1",
+            ),
+            (
+                ENV_DEAD_LETTER_MAXLEN,
+                "many",
+                "expected a whole number from 1",
+            ),
+        ] {
+            let errors = parse(&with(&[(name, bad)])).unwrap_err();
+            assert_eq!(errors.names(), [name], "{bad:?}");
+            assert!(errors.to_string().contains(reason), "{errors}");
+        }
     }
 
     #[test]

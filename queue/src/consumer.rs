@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::answer::Verdict;
 use crate::backoff::{random, retry_delay};
 use crate::config::Config;
-use crate::deliver::{AnswerBody, Event, Http, Sent};
+use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
 
@@ -484,7 +484,7 @@ impl Ctx {
             Ok(b) => Bytes::from(b),
             Err(e) => {
                 tracing::warn!(id, error = %e, "the entry cannot be an event");
-                self.dead_letter(id, fields, first_attempt - 1, 0, Some(e.class()))
+                self.dead_letter(id, fields, first_attempt - 1, 0, Some(e.class()), "")
                     .await;
                 return;
             }
@@ -492,7 +492,7 @@ impl Ctx {
         if first_attempt > self.config.max_attempts {
             // Its last attempts ended with the consumers making them (killed, or stopped at
             // the drain limit): no answer to record.
-            self.dead_letter(id, fields, first_attempt - 1, 0, Some("abandoned"))
+            self.dead_letter(id, fields, first_attempt - 1, 0, Some("abandoned"), "")
                 .await;
             return;
         }
@@ -558,7 +558,7 @@ impl Ctx {
             if verdict == Verdict::Done {
                 // Acknowledged as soon as the head said 2xx: the body is read meanwhile, with a
                 // bound of its own, only for the log line and the connection.
-                let (acked, answer) = tokio::join!(
+                let (acked, (answer, _)) = tokio::join!(
                     self.store.retry(|| self.store.ack(id)),
                     self.finish(body, detail)
                 );
@@ -571,18 +571,25 @@ impl Ctx {
                 counter.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let detail = self.finish(body, detail).await;
+            let (detail, answer_body) = self.finish(body, detail).await;
             match verdict {
                 Verdict::Done => return,
                 Verdict::DeadLetter => {
-                    self.dead_letter(id, fields, attempt, status, class.as_deref())
+                    self.dead_letter(id, fields, attempt, status, class.as_deref(), &answer_body)
                         .await;
                     return;
                 }
                 Verdict::Retry { floor } => {
                     if attempt >= self.config.max_attempts {
-                        self.dead_letter(id, fields, attempt, status, class.as_deref())
-                            .await;
+                        self.dead_letter(
+                            id,
+                            fields,
+                            attempt,
+                            status,
+                            class.as_deref(),
+                            &answer_body,
+                        )
+                        .await;
                         return;
                     }
                     if self.stopped() {
@@ -621,11 +628,19 @@ impl Ctx {
         }
     }
 
-    /// The start of the answer's body (read with its bounds), or `detail` when there was none.
-    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> String {
+    /// What the log line shows (the start of the answer's body, why it was not read, or
+    /// `detail` when there was no answer), and the answer's first KiB for a dead letter's
+    /// `runr-body` (empty when there was no answer, or its body could not be read).
+    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> (String, String) {
         match body {
-            Some(b) => self.http.finish(b).await,
-            None => detail,
+            Some(b) => match self.http.finish(b).await {
+                Ok(text) => (
+                    crate::deliver::shorten(&text, LOG_SNIPPET).to_string(),
+                    text,
+                ),
+                Err(why) => (why, String::new()),
+            },
+            None => (detail, String::new()),
         }
     }
 
@@ -637,16 +652,16 @@ impl Ctx {
         attempts: u32,
         status: u16,
         class: Option<&str>,
+        body: &str,
     ) {
+        let [s, e, a, f, i, b] = DEAD_LETTER_FIELDS;
         let extra = [
-            ("runr-status", status.to_string()),
-            ("runr-error", class.unwrap_or("").to_string()),
-            ("runr-attempts", attempts.to_string()),
-            (
-                "runr-failed-at",
-                runr_base::fmt::rfc3339_millis(SystemTime::now()),
-            ),
-            ("runr-id", id.to_string()),
+            (s, status.to_string()),
+            (e, class.unwrap_or("").to_string()),
+            (a, attempts.to_string()),
+            (f, runr_base::fmt::rfc3339_millis(SystemTime::now())),
+            (i, id.to_string()),
+            (b, body.to_string()),
         ];
         let moved = self
             .store
@@ -668,6 +683,18 @@ impl Ctx {
         }
     }
 }
+
+/// What a dead letter carries after the entry's own fields, in this order: the last status, the
+/// error class, the attempts made, when it was moved, the entry's id, the start of the last
+/// answer's body. `runr-queue redrive` strips them again.
+pub(crate) const DEAD_LETTER_FIELDS: [&str; 6] = [
+    "runr-status",
+    "runr-error",
+    "runr-attempts",
+    "runr-failed-at",
+    "runr-id",
+    "runr-body",
+];
 
 /// Removes an entry from the hand when its task ends, however it ends.
 struct InHand<'a> {

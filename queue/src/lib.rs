@@ -84,11 +84,14 @@ pub fn usage() -> String {
         "Reads a Redis stream as a consumer group member and delivers every entry to \
          RUNR_QUEUE_TARGET as a CloudEvent (binary mode); 2xx acknowledges, anything else is \
          retried with backoff, then moved to <stream>-dlq.\n\
-         Usage: runr-queue [run | create-group | version | help]\n\
+         Usage: runr-queue [run | create-group | redrive … | version | help]\n\
          create-group: creates the group at RUNR_QUEUE_START unless it exists (needs only \
          RUNR_QUEUE_REDIS_URL, RUNR_QUEUE_STREAM, RUNR_QUEUE_GROUP).\n\
+         {}: moves dead letters back to the stream (each in one MULTI/EXEC) and prints how \
+         many; --only lists runr-error classes and runr-status values.\n\
          Exit status: 0 after SIGTERM/SIGINT, 1 when Redis refuses us for good, 2 for bad \
          configuration.\n\n{}",
+        admin::REDRIVE_USAGE,
         runr_base::env::help(&[config::VARS])
     )
 }

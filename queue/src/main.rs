@@ -8,6 +8,10 @@ fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         None | Some("run") => runr_queue::command(&runr_base::env::process_lookup),
         Some("create-group") => runr_queue::admin::create_group(&runr_base::env::process_lookup),
+        Some("redrive") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            runr_queue::admin::redrive(&runr_base::env::process_lookup, &args)
+        }
         Some("version" | "--version" | "-V") => {
             print!("{version}\n{}", runr_queue::usage());
             ExitCode::SUCCESS

@@ -272,6 +272,8 @@ pub(crate) struct Store {
     pub group: String,
     pub consumer: String,
     pub dead_letters: String,
+    /// `MAXLEN ~ n` of every dead letter's `XADD`.
+    dead_letter_maxlen: Option<u64>,
     /// Where a group created at start begins ([`Config::start`]).
     start: String,
     /// The newest entry id this consumer read or claimed: where a lost group is created again.
@@ -327,6 +329,7 @@ impl Store {
             group: config.group.clone(),
             consumer: config.consumer.clone(),
             dead_letters: config.dead_letter_stream(),
+            dead_letter_maxlen: config.dead_letter_maxlen,
             start: config.start.clone(),
             last_seen: Mutex::new(None),
             health: Health::default(),
@@ -683,7 +686,12 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let add = pipe.cmd("XADD").arg(&self.dead_letters).arg("*");
+        let add = pipe.cmd("XADD").arg(&self.dead_letters);
+        if let Some(n) = self.dead_letter_maxlen {
+            // `~`: Redis trims whole macro nodes, cheaply, when it can (at least n stay).
+            add.arg("MAXLEN").arg("~").arg(n);
+        }
+        add.arg("*");
         for (name, value) in fields {
             add.arg(name).arg(value);
         }
@@ -697,6 +705,68 @@ impl Store {
                 key: &self.dead_letters,
             },
             self.op("XACK"),
+        ];
+        self.run(
+            |e| StoreError::from_transaction(e, &ops),
+            move |c| Box::pin(async move { pipe.query_async::<Value>(c).await }),
+        )
+        .await
+        .map(drop)
+    }
+
+    // === dead letters back to the stream (`runr-queue redrive`) ===
+
+    /// `XRANGE <key> <start> <end> COUNT <count>`.
+    pub(crate) async fn range(
+        &self,
+        key: &str,
+        start: &str,
+        end: &str,
+        count: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(key).arg(start).arg(end).arg("COUNT").arg(count);
+        let op = Op {
+            command: "XRANGE",
+            key,
+        };
+        parse_entries(self.query(op, cmd).await?)
+    }
+
+    /// The newest entry id of `key` (`XREVRANGE <key> + - COUNT 1`), `None` when it is empty.
+    pub(crate) async fn newest(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(key).arg("+").arg("-").arg("COUNT").arg(1);
+        let op = Op {
+            command: "XREVRANGE",
+            key,
+        };
+        Ok(parse_entries(self.query(op, cmd).await?)?
+            .into_iter()
+            .next()
+            .map(|e| e.id))
+    }
+
+    /// `MULTI; XDEL <dead letters> <id>; XADD <stream> * <fields>; EXEC`: the dead letter moves
+    /// back as a new entry, both or neither (a crash in between leaves it where it was).
+    pub(crate) async fn redrive(
+        &self,
+        id: &str,
+        fields: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("XDEL").arg(&self.dead_letters).arg(id);
+        let add = pipe.cmd("XADD").arg(&self.stream).arg("*");
+        for (name, value) in fields {
+            add.arg(name).arg(value);
+        }
+        let ops = [
+            Op {
+                command: "XDEL",
+                key: &self.dead_letters,
+            },
+            self.op("XADD"),
         ];
         self.run(
             |e| StoreError::from_transaction(e, &ops),

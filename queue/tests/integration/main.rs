@@ -11,6 +11,7 @@ mod join;
 mod lifecycle;
 mod limits;
 mod outage;
+mod redrive;
 mod refusals;
 mod retries;
 mod shutdown;
