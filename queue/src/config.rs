@@ -77,6 +77,9 @@ pub const ENV_DEAD_LETTER_STREAM: &str = "RUNR_QUEUE_DEAD_LETTER_STREAM";
 /// oldest dead letters once there are about this many. Unset: unbounded.
 pub const ENV_DEAD_LETTER_MAXLEN: &str = "RUNR_QUEUE_DEAD_LETTER_MAXLEN";
 const MAX_DEAD_LETTER_MAXLEN: u64 = 1 << 40;
+/// Port of `/metrics` (Prometheus text format) and `/healthz` (whether Redis answers); unset:
+/// no endpoint. 0 lets the kernel pick one (the log line names it).
+pub const ENV_METRICS_PORT: &str = "RUNR_QUEUE_METRICS_PORT";
 /// How long deliveries in flight may finish after SIGTERM.
 pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
 /// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
@@ -158,6 +161,10 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::optional(
         ENV_DEAD_LETTER_MAXLEN,
         "approximate length bound of the dead-letter stream (XADD MAXLEN ~); unbounded when unset",
+    ),
+    VarDoc::optional(
+        ENV_METRICS_PORT,
+        "port of /metrics (Prometheus) and /healthz (whether Redis answers); off when unset",
     ),
     VarDoc::new(
         ENV_DRAIN,
@@ -293,6 +300,8 @@ pub struct Config {
     pub dead_letters: String,
     /// [`ENV_DEAD_LETTER_MAXLEN`].
     pub dead_letter_maxlen: Option<u64>,
+    /// [`ENV_METRICS_PORT`].
+    pub metrics_port: Option<u16>,
     /// [`ENV_DRAIN`].
     pub drain: Duration,
     /// [`ENV_LOG`].
@@ -391,6 +400,11 @@ impl Config {
             }
         }
         let dead_letters = dead_letters.or_else(|| stream.as_ref().map(|s| format!("{s}-dlq")));
+        let metrics_port = env.optional(ENV_METRICS_PORT, |v| {
+            v.trim()
+                .parse::<u16>()
+                .map_err(|_| "expected a port number from 0 to 65535".to_string())
+        });
         let drain = env.duration_in(
             ENV_DRAIN,
             DEFAULT_DRAIN,
@@ -417,6 +431,7 @@ impl Config {
                 at_once,
                 dead_letters: dead_letters?,
                 dead_letter_maxlen,
+                metrics_port,
                 drain,
                 log_level,
             })
@@ -704,6 +719,19 @@ mod tests {
         assert_eq!(c.log_level, tracing::Level::INFO);
         assert_eq!(c.dead_letter_stream(), "orders-dlq");
         assert_eq!(c.dead_letter_maxlen, None);
+        assert_eq!(c.metrics_port, None);
+        assert_eq!(
+            parse(&with(&[(ENV_METRICS_PORT, "9090")]))
+                .unwrap()
+                .metrics_port,
+            Some(9090)
+        );
+        assert_eq!(
+            parse(&with(&[(ENV_METRICS_PORT, "http")]))
+                .unwrap_err()
+                .names(),
+            [ENV_METRICS_PORT]
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::backoff::{random, retry_delay};
 use crate::config::Config;
 use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
+use crate::metrics::{Metrics, Outcome};
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
 
 /// How the consumer ended.
@@ -62,7 +63,8 @@ struct Counts {
 
 struct Ctx {
     config: Config,
-    store: Store,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
     http: Http,
     slots: Arc<Semaphore>,
     hand: Mutex<HashMap<String, Arc<Held>>>,
@@ -80,9 +82,18 @@ pub async fn run(
 ) -> Ended {
     crate::roots::install_crypto_provider();
     let store = match Store::new(&config) {
-        Ok(s) => s,
+        Ok(s) => Arc::new(s),
         Err(e) => return Ended::Fatal(e.to_string()),
     };
+    let metrics = Arc::new(Metrics::default());
+    if let Some(port) = config.metrics_port {
+        // Up before Redis is: /healthz says 503 while the consumer waits for it.
+        if let Err(e) = crate::metrics::start(port, metrics.clone(), store.clone()).await {
+            return Ended::Fatal(format!(
+                "cannot listen on RUNR_QUEUE_METRICS_PORT {port}: {e}"
+            ));
+        }
+    }
     let source = event::source(&config.stream, &config.group);
     let http = Http::new(config.target.clone(), source, config.concurrency);
     let (stop, _) = tokio::sync::watch::channel(false);
@@ -90,6 +101,7 @@ pub async fn run(
         slots: Arc::new(Semaphore::new(config.concurrency)),
         config,
         store,
+        metrics,
         http,
         hand: Mutex::new(HashMap::new()),
         stop,
@@ -243,6 +255,12 @@ impl Ctx {
         }
     }
 
+    /// Counts an entry let go without an outcome: it stays pending for whoever delivers it next.
+    fn left_pending(&self) {
+        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+        self.metrics.outcome(Outcome::Abandoned);
+    }
+
     fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
@@ -278,6 +296,7 @@ impl Ctx {
                 return;
             }
             hand.insert(entry.id.clone(), held.clone());
+            self.metrics.set_in_hand(hand.len());
         }
         tokio::spawn(self.clone().handle(entry, attempt, held, permit));
     }
@@ -505,7 +524,7 @@ impl Ctx {
                     r = self.store.retry(|| self.store.set_attempt(id, attempt)) => r,
                     // Redis is away and we are stopping: the entry stays pending as it is.
                     () = self.until_stopped() => {
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                 };
@@ -513,13 +532,14 @@ impl Ctx {
                     Ok(true) => {}
                     Ok(false) => held.lost.store(true, Ordering::Relaxed),
                     Err(_) => {
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                 }
             }
             if held.lost.load(Ordering::Relaxed) {
                 tracing::info!(id, "the entry is no longer pending (taken over or acknowledged elsewhere): dropped");
+                self.metrics.outcome(Outcome::Abandoned);
                 return;
             }
             let event = Event {
@@ -528,7 +548,9 @@ impl Ctx {
                 attempt,
                 body: body.clone(),
             };
+            let began = Instant::now();
             let sent = self.http.send(&event, self.config.timeout).await;
+            self.metrics.attempt(began.elapsed());
             let (verdict, status, class, body, detail) = match sent {
                 Sent::Answered { answer, body } => (
                     answer.verdict(&self.config.at_once),
@@ -563,12 +585,14 @@ impl Ctx {
                     self.finish(body, detail)
                 );
                 tracing::debug!(id, attempt, status, answer = %answer, "delivered");
-                let counter = match acked {
-                    Ok(()) => &self.counts.delivered,
+                match acked {
+                    Ok(()) => {
+                        self.counts.delivered.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.outcome(Outcome::Acked);
+                    }
                     // Redis refused the ack for good: pending, for whoever may ack it.
-                    Err(_) => &self.counts.left_pending,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                    Err(_) => self.left_pending(),
+                }
                 return;
             }
             let (detail, answer_body) = self.finish(body, detail).await;
@@ -600,10 +624,11 @@ impl Ctx {
                             error = class.as_deref().unwrap_or(""),
                             "delivery failed: left pending at shutdown"
                         );
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                     let c = &self.config;
+                    self.metrics.outcome(Outcome::Retried);
                     let delay = retry_delay(attempt, c.backoff, c.backoff_max, floor, random());
                     tracing::warn!(
                         id,
@@ -618,7 +643,7 @@ impl Ctx {
                         () = tokio::time::sleep(delay) => {}
                         () = self.until_stopped() => {
                             tracing::info!(id, attempt, "left pending at shutdown while waiting to retry");
-                            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                            self.left_pending();
                             return;
                         }
                     }
@@ -669,9 +694,10 @@ impl Ctx {
             .await;
         if moved.is_err() {
             // Refused for good (the consumer is stopping): the entry stays pending as it is.
-            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+            self.left_pending();
         } else {
             self.counts.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            self.metrics.outcome(Outcome::DeadLettered);
             tracing::warn!(
                 id,
                 attempts,
@@ -704,6 +730,8 @@ struct InHand<'a> {
 
 impl Drop for InHand<'_> {
     fn drop(&mut self) {
-        self.ctx.hand().remove(self.id);
+        let mut hand = self.ctx.hand();
+        hand.remove(self.id);
+        self.ctx.metrics.set_in_hand(hand.len());
     }
 }

@@ -714,6 +714,36 @@ impl Store {
         .map(drop)
     }
 
+    // === what the metrics read ===
+
+    /// `PING` on the command connection, for `/healthz`. Its failure is not noted as an outage
+    /// (a probe is not the consumer's work), but connecting is.
+    pub(crate) async fn ping(&self) -> Result<(), String> {
+        let (_, mut conn) = self.connection().await.map_err(|e| e.to_string())?;
+        redis::cmd("PING")
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| error_text(&e))
+    }
+
+    /// The group's lag and pending count (`XINFO GROUPS`) and its oldest pending entry
+    /// (`XPENDING` summary), one round trip. Errors are only returned, never noted: an ACL
+    /// without `XINFO` must not stop the consumer.
+    pub(crate) async fn group_figures(&self) -> Result<crate::metrics::GroupFigures, String> {
+        let (_, mut conn) = self.connection().await.map_err(|e| e.to_string())?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("XINFO").arg("GROUPS").arg(&self.stream);
+        pipe.cmd("XPENDING").arg(&self.stream).arg(&self.group);
+        let replies: Vec<Value> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error_text(&e))?;
+        let [groups, pending] = <[Value; 2]>::try_from(replies)
+            .map_err(|_| "unexpected reply: wrong number of replies".to_string())?;
+        parse_figures(&groups, &pending, &self.group)
+    }
+
     // === dead letters back to the stream (`runr-queue redrive`) ===
 
     /// `XRANGE <key> <start> <end> COUNT <count>`.
@@ -1019,6 +1049,61 @@ fn pending_count(v: &Value) -> Result<Option<u32>, StoreError> {
     }
 }
 
+/// A map reply (RESP3) or a flat `[name, value, …]` array (RESP2) as pairs.
+fn pairs(v: &Value) -> Option<Vec<(&[u8], &Value)>> {
+    match v {
+        Value::Map(m) => m.iter().map(|(k, v)| Some((as_bytes(k)?, v))).collect(),
+        Value::Array(flat) if flat.len() % 2 == 0 => flat
+            .chunks(2)
+            .map(|kv| Some((as_bytes(&kv[0])?, &kv[1])))
+            .collect(),
+        _ => None,
+    }
+}
+
+/// `XINFO GROUPS` (one map per group) and the `XPENDING` summary (`[count, smallest id, greatest
+/// id, consumers]`) as the metrics' figures for `group`.
+fn parse_figures(
+    groups: &Value,
+    pending: &Value,
+    group: &str,
+) -> Result<crate::metrics::GroupFigures, String> {
+    let bad = |why: &str| format!("unexpected reply: {why}");
+    let Value::Array(groups) = groups else {
+        return Err(bad("XINFO GROUPS is not an array"));
+    };
+    let info = groups
+        .iter()
+        .filter_map(pairs)
+        .find(|p| {
+            p.iter()
+                .any(|(k, v)| *k == b"name" && as_bytes(v) == Some(group.as_bytes()))
+        })
+        .ok_or_else(|| format!("the group {group} does not exist"))?;
+    let int = |name: &[u8]| {
+        info.iter()
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| match v {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+    };
+    let count = int(b"pending").ok_or_else(|| bad("no pending count"))?;
+    let oldest = match pending {
+        Value::Array(parts) => parts
+            .get(1)
+            .and_then(as_text)
+            .and_then(|id| parse_id(&id))
+            .map(|(ms, _)| ms),
+        _ => return Err(bad("XPENDING is not an array")),
+    };
+    Ok(crate::metrics::GroupFigures {
+        lag: int(b"lag"),
+        pending: count,
+        oldest_pending_ms: oldest,
+    })
+}
+
 /// `<ms>-<seq>` as numbers, to compare ids.
 pub(crate) fn parse_id(id: &str) -> Option<(u64, u64)> {
     let (ms, seq) = id.split_once('-')?;
@@ -1094,6 +1179,47 @@ mod tests {
         ] {
             assert!(parse_read(bad).is_err());
         }
+    }
+
+    #[test]
+    fn group_figures() {
+        let group = |name: &str, lag: Value| {
+            Value::Array(vec![
+                b("name"),
+                b(name),
+                b("consumers"),
+                Value::Int(1),
+                b("pending"),
+                Value::Int(3),
+                b("last-delivered-id"),
+                b("9-0"),
+                b("lag"),
+                lag,
+            ])
+        };
+        let groups = Value::Array(vec![
+            group("other", Value::Int(99)),
+            group("g", Value::Int(4)),
+        ]);
+        let pending = Value::Array(vec![Value::Int(3), b("1500-0"), b("1600-2"), Value::Nil]);
+        let f = parse_figures(&groups, &pending, "g").unwrap();
+        assert_eq!(
+            (f.lag, f.pending, f.oldest_pending_ms),
+            (Some(4), 3, Some(1500))
+        );
+        let none = Value::Array(vec![Value::Int(0), Value::Nil, Value::Nil, Value::Nil]);
+        let groups = Value::Array(vec![group("g", Value::Nil)]);
+        let f = parse_figures(&groups, &none, "g").unwrap();
+        assert_eq!((f.lag, f.oldest_pending_ms), (None, None));
+        assert!(parse_figures(&groups, &none, "missing")
+            .unwrap_err()
+            .contains("does not exist"));
+        let resp3 = Value::Array(vec![Value::Map(vec![
+            (b("name"), b("g")),
+            (b("pending"), Value::Int(0)),
+            (b("lag"), Value::Int(0)),
+        ])]);
+        assert_eq!(parse_figures(&resp3, &none, "g").unwrap().lag, Some(0));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod delivery;
 mod join;
 mod lifecycle;
 mod limits;
+mod metrics;
 mod outage;
 mod redrive;
 mod refusals;
