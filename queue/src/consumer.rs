@@ -32,6 +32,7 @@ use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
 use crate::metrics::{Metrics, Outcome};
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
+use crate::trace::Trace;
 
 /// How the consumer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -499,11 +500,18 @@ impl Ctx {
             let _ = self.store.retry(|| self.store.ack(id)).await;
             return;
         };
+        let trace = Trace::of_entry(fields);
+        let trace_id = trace.trace_id_hex();
+        let d = Delivery {
+            id,
+            fields,
+            trace_id: &trace_id,
+        };
         let body = match event::encode_body(fields, self.config.max_body) {
             Ok(b) => Bytes::from(b),
             Err(e) => {
                 tracing::warn!(id, error = %e, "the entry cannot be an event");
-                self.dead_letter(id, fields, first_attempt - 1, 0, Some(e.class()), "")
+                self.dead_letter(&d, first_attempt - 1, 0, Some(e.class()), "")
                     .await;
                 return;
             }
@@ -511,7 +519,7 @@ impl Ctx {
         if first_attempt > self.config.max_attempts {
             // Its last attempts ended with the consumers making them (killed, or stopped at
             // the drain limit): no answer to record.
-            self.dead_letter(id, fields, first_attempt - 1, 0, Some("abandoned"), "")
+            self.dead_letter(&d, first_attempt - 1, 0, Some("abandoned"), "")
                 .await;
             return;
         }
@@ -547,6 +555,8 @@ impl Ctx {
                 time: &time,
                 attempt,
                 body: body.clone(),
+                traceparent: trace.attempt(),
+                tracestate: trace.tracestate.as_deref(),
             };
             let began = Instant::now();
             let sent = self.http.send(&event, self.config.timeout).await;
@@ -584,7 +594,7 @@ impl Ctx {
                     self.store.retry(|| self.store.ack(id)),
                     self.finish(body, detail)
                 );
-                tracing::debug!(id, attempt, status, answer = %answer, "delivered");
+                tracing::debug!(id, attempt, status, trace_id, answer = %answer, "delivered");
                 match acked {
                     Ok(()) => {
                         self.counts.delivered.fetch_add(1, Ordering::Relaxed);
@@ -599,21 +609,14 @@ impl Ctx {
             match verdict {
                 Verdict::Done => return,
                 Verdict::DeadLetter => {
-                    self.dead_letter(id, fields, attempt, status, class.as_deref(), &answer_body)
+                    self.dead_letter(&d, attempt, status, class.as_deref(), &answer_body)
                         .await;
                     return;
                 }
                 Verdict::Retry { floor } => {
                     if attempt >= self.config.max_attempts {
-                        self.dead_letter(
-                            id,
-                            fields,
-                            attempt,
-                            status,
-                            class.as_deref(),
-                            &answer_body,
-                        )
-                        .await;
+                        self.dead_letter(&d, attempt, status, class.as_deref(), &answer_body)
+                            .await;
                         return;
                     }
                     if self.stopped() {
@@ -637,6 +640,7 @@ impl Ctx {
                         error = class.as_deref().unwrap_or(""),
                         answer = %detail,
                         retry_in = %runr_base::env::display_duration(delay),
+                        trace_id,
                         "delivery failed"
                     );
                     tokio::select! {
@@ -672,13 +676,13 @@ impl Ctx {
     /// Moves the entry to the dead-letter stream with what became of it.
     async fn dead_letter(
         &self,
-        id: &str,
-        fields: &[(Vec<u8>, Vec<u8>)],
+        d: &Delivery<'_>,
         attempts: u32,
         status: u16,
         class: Option<&str>,
         body: &str,
     ) {
+        let (id, fields) = (d.id, d.fields);
         let [s, e, a, f, i, b] = DEAD_LETTER_FIELDS;
         let extra = [
             (s, status.to_string()),
@@ -704,6 +708,7 @@ impl Ctx {
                 status,
                 error = class.unwrap_or(""),
                 stream = %self.store.dead_letters,
+                trace_id = d.trace_id,
                 "dead-lettered"
             );
         }
@@ -721,6 +726,14 @@ pub(crate) const DEAD_LETTER_FIELDS: [&str; 6] = [
     "runr-id",
     "runr-body",
 ];
+
+/// The entry being delivered, as the dead letter and the log lines name it.
+struct Delivery<'a> {
+    id: &'a str,
+    fields: &'a [(Vec<u8>, Vec<u8>)],
+    /// The delivery's trace, 32 hex digits.
+    trace_id: &'a str,
+}
 
 /// Removes an entry from the hand when its task ends, however it ends.
 struct InHand<'a> {

@@ -41,6 +41,10 @@ pub(crate) struct Event<'a> {
     pub attempt: u32,
     /// The entry's fields as JSON.
     pub body: Bytes,
+    /// This attempt's W3C `traceparent`.
+    pub traceparent: String,
+    /// The producer's `tracestate`, with a continued trace.
+    pub tracestate: Option<&'a str>,
 }
 
 /// How one delivery went.
@@ -214,6 +218,10 @@ impl Http {
         put("ce-id", event.id);
         put("ce-time", event.time);
         put(event::ATTEMPT_HEADER, &event.attempt.to_string());
+        put(crate::trace::TRACEPARENT, &event.traceparent);
+        if let Some(state) = event.tracestate {
+            put(crate::trace::TRACESTATE, state);
+        }
         put(header::CONTENT_TYPE.as_str(), event::CONTENT_TYPE);
         put(
             header::CONTENT_LENGTH.as_str(),

@@ -10,6 +10,7 @@
 //! - `backoff`: the wait before each retry;
 //! - `store`: the Redis commands, the two connections, waiting out outages;
 //! - `deliver`: the HTTP/1.1 client and its keep-alive pool;
+//! - `trace`: the W3C `traceparent` of every attempt (the producer's trace continued);
 //! - `metrics`: `/metrics` and `/healthz` on `RUNR_QUEUE_METRICS_PORT`;
 //! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand;
 //! - [`admin`]: the operator's subcommands (`create-group`, `redrive`).
@@ -27,6 +28,7 @@ pub mod fuzz;
 pub(crate) mod metrics;
 pub(crate) mod roots;
 pub(crate) mod store;
+pub(crate) mod trace;
 
 use std::process::ExitCode;
 

@@ -19,3 +19,4 @@ mod shutdown;
 mod stress;
 mod support;
 mod tls;
+mod traces;
