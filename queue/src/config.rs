@@ -11,6 +11,11 @@ pub const ENV_REDIS_URL: &str = "RUNR_QUEUE_REDIS_URL";
 /// Optional PEM file with extra CA certificates for `rediss://`, for a Redis behind a private CA.
 /// The built-in (Mozilla) roots stay trusted too.
 pub const ENV_REDIS_CA_FILE: &str = "RUNR_QUEUE_REDIS_CA_FILE";
+/// A client certificate (PEM, the leaf first, intermediates after it) for `rediss://` to a Redis
+/// that requires one (`tls-auth-clients yes`: mutual TLS); with [`ENV_REDIS_KEY_FILE`].
+pub const ENV_REDIS_CERT_FILE: &str = "RUNR_QUEUE_REDIS_CERT_FILE";
+/// The private key of [`ENV_REDIS_CERT_FILE`] (PEM: PKCS#8, SEC1 or PKCS#1, unencrypted).
+pub const ENV_REDIS_KEY_FILE: &str = "RUNR_QUEUE_REDIS_KEY_FILE";
 /// The stream to consume. Required.
 pub const ENV_STREAM: &str = "RUNR_QUEUE_STREAM";
 /// The consumer group; created at [`ENV_START`] with `MKSTREAM` when missing. Required.
@@ -100,6 +105,14 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::optional(
         ENV_REDIS_CA_FILE,
         "extra CA certificates for rediss://, PEM (the built-in roots stay trusted)",
+    ),
+    VarDoc::optional(
+        ENV_REDIS_CERT_FILE,
+        "client certificate for rediss:// (mutual TLS), PEM; with RUNR_QUEUE_REDIS_KEY_FILE",
+    ),
+    VarDoc::optional(
+        ENV_REDIS_KEY_FILE,
+        "the client certificate's private key, PEM (unencrypted)",
     ),
     VarDoc::required(ENV_STREAM, "the stream to consume"),
     VarDoc::required(
@@ -270,6 +283,9 @@ pub struct Config {
     pub redis: RedisUrl,
     /// [`ENV_REDIS_CA_FILE`]: its certificates, PEM, read at start.
     pub redis_ca: Option<Vec<u8>>,
+    /// [`ENV_REDIS_CERT_FILE`] and [`ENV_REDIS_KEY_FILE`]: the client certificate and its key,
+    /// PEM, read at start.
+    pub redis_client: Option<(Vec<u8>, Vec<u8>)>,
     /// [`ENV_STREAM`].
     pub stream: String,
     /// [`ENV_GROUP`].
@@ -343,6 +359,9 @@ impl Config {
                 format!("only used with rediss://, and {ENV_REDIS_URL} is redis://"),
             );
         }
+        let cert = env.optional(ENV_REDIS_CERT_FILE, read_cert_file);
+        let key = env.optional(ENV_REDIS_KEY_FILE, read_key_file);
+        let redis_client = client_pair(&mut env, redis.as_ref(), cert, key);
         let stream = env.required(ENV_STREAM, parse_name);
         let group = env.required(ENV_GROUP, parse_name);
         let start = env.parse(ENV_START, DEFAULT_START.to_string(), parse_start);
@@ -416,6 +435,7 @@ impl Config {
             Some(Config {
                 redis: redis?,
                 redis_ca,
+                redis_client,
                 stream: stream?,
                 group: group?,
                 start,
@@ -548,6 +568,52 @@ fn read_ca_file(path: &str) -> Result<Vec<u8>, String> {
         return Err("no PEM certificate in it".to_string());
     }
     Ok(data)
+}
+
+/// A client certificate file: readable, and at least one PEM certificate in it.
+fn read_cert_file(path: &str) -> Result<Vec<u8>, String> {
+    read_ca_file(path)
+}
+
+/// A private key file: readable, and one PEM private key in it.
+fn read_key_file(path: &str) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let data = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(&data)
+        .map_err(|_| "no unencrypted PEM private key (PKCS#8, SEC1 or PKCS#1) in it".to_string())?;
+    Ok(data)
+}
+
+/// Both files or neither, and only with `rediss://`.
+fn client_pair(
+    env: &mut Env<'_>,
+    redis: Option<&RedisUrl>,
+    cert: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (cert_set, key_set) = (
+        env.value(ENV_REDIS_CERT_FILE).is_some(),
+        env.value(ENV_REDIS_KEY_FILE).is_some(),
+    );
+    if cert_set != key_set {
+        let (name, other) = if cert_set {
+            (ENV_REDIS_KEY_FILE, ENV_REDIS_CERT_FILE)
+        } else {
+            (ENV_REDIS_CERT_FILE, ENV_REDIS_KEY_FILE)
+        };
+        env.reject(name, None, format!("required when {other} is set"));
+        return None;
+    }
+    if cert_set && redis.is_some_and(|r| !r.tls) {
+        let value = env.value(ENV_REDIS_CERT_FILE);
+        env.reject(
+            ENV_REDIS_CERT_FILE,
+            value.as_deref(),
+            format!("only used with rediss://, and {ENV_REDIS_URL} is redis://"),
+        );
+        return None;
+    }
+    Some((cert?, key?))
 }
 
 /// `host:port`, `[v6]:port`, `host`: the host and the port text, if any.
@@ -958,6 +1024,87 @@ mod tests {
         ] {
             let errors = parse_with(url, file).unwrap_err();
             assert_eq!(errors.names(), [ENV_REDIS_CA_FILE]);
+            assert!(errors.to_string().contains(reason), "{errors}");
+        }
+    }
+
+    #[test]
+    fn client_certificates() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = crate::roots::pem_bundle();
+        let cert = bundle
+            .split_inclusive("-----END CERTIFICATE-----\n")
+            .next()
+            .unwrap();
+        let cert_path = dir.path().join("client.pem");
+        std::fs::write(&cert_path, cert).unwrap();
+        // A throwaway PKCS#8 P-256 key (`openssl genpkey`); that it matches the certificate is
+        // the TLS handshake's business.
+        let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgeKWY/n4QYUzwon4z\nrZ/nOHXA/g6t2wAAssjw/vTu+OihRANCAASQgFX3Flv1TbUb3whnjWho4Q0LJJwi\nGiO1ejHQukPs3nDvN4NDZ1xcP1ccm/jEcp+XplS0HRzgWEvGosxrj/TG\n-----END PRIVATE KEY-----\n";
+        let key_path = dir.path().join("client.key");
+        std::fs::write(&key_path, key).unwrap();
+        let junk = dir.path().join("junk");
+        std::fs::write(&junk, "nothing\n").unwrap();
+        let (c, k, j) = (
+            cert_path.to_str().unwrap(),
+            key_path.to_str().unwrap(),
+            junk.to_str().unwrap(),
+        );
+        let parse_with = |url: &str, files: &[(&'static str, &str)]| {
+            let mut vars: HashMap<String, String> = GOOD
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            vars.insert(ENV_REDIS_URL.into(), url.into());
+            for (n, v) in files {
+                vars.insert(n.to_string(), v.to_string());
+            }
+            Config::from_lookup(&move |n: &str| vars.get(n).cloned())
+        };
+        let ok = parse_with(
+            "rediss://h:1",
+            &[(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, k)],
+        )
+        .unwrap();
+        assert_eq!(
+            ok.redis_client,
+            Some((cert.as_bytes().to_vec(), key.as_bytes().to_vec()))
+        );
+        assert_eq!(parse(GOOD).unwrap().redis_client, None);
+        for (url, files, name, reason) in [
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c)],
+                ENV_REDIS_KEY_FILE,
+                "required when RUNR_QUEUE_REDIS_CERT_FILE is set",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "required when RUNR_QUEUE_REDIS_KEY_FILE is set",
+            ),
+            (
+                "redis://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "only used with rediss://",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, j)],
+                ENV_REDIS_KEY_FILE,
+                "no unencrypted PEM private key",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, j), (ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "no PEM certificate",
+            ),
+        ] {
+            let errors = parse_with(url, &files).unwrap_err();
+            assert_eq!(errors.names(), [name], "{files:?}");
             assert!(errors.to_string().contains(reason), "{errors}");
         }
     }

@@ -300,7 +300,12 @@ impl Store {
                 roots.extend_from_slice(ca);
             }
             let certs = redis::TlsCertificates {
-                client_tls: None,
+                client_tls: config.redis_client.as_ref().map(|(cert, key)| {
+                    redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }
+                }),
                 root_cert: Some(roots),
             };
             redis::Client::build_with_tls(config.redis.secret(), certs)
