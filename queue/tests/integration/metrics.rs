@@ -210,3 +210,27 @@ fn no_metrics_port_by_default() {
     assert!(!c.log().contains("serving metrics"), "{}", c.log());
     c.stop_cleanly();
 }
+
+#[test]
+fn a_metrics_port_in_use_is_exit_1_naming_it() {
+    let dir = tmp();
+    let redis = Redis::start();
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut c = Consumer::spawn(
+        dir.path(),
+        "c1",
+        &with(
+            base_env(&redis, "http://127.0.0.1:9/", "c1"),
+            &[("RUNR_QUEUE_METRICS_PORT", &port)],
+        ),
+    );
+    let status = c.child.wait_timeout(LONG);
+    assert_eq!(status.code(), Some(1), "{}", c.log());
+    assert!(
+        c.log()
+            .contains(&format!("cannot listen on RUNR_QUEUE_METRICS_PORT {port}")),
+        "{}",
+        c.log()
+    );
+}
