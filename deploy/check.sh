@@ -3,7 +3,8 @@
 #   1. release builds: deploy/build.sh binaries (amd64, and arm64 when its toolchain is installed)
 #   2. every binary is statically linked (file, ldd) and stripped, and within its size budget;
 #      binaries for another CPU run `version` under qemu user-mode emulation where installed
-#   3. every manifest in deploy/k8s validates offline (kubernetes-validate, deploy/validate-manifests.py)
+#   3. every manifest in deploy/k8s validates offline (kubernetes-validate, deploy/validate-manifests.py;
+#      KEDA's resources against its CRD schemas vendored in deploy/schemas/)
 #   where `docker info` answers:
 #   4. every image builds from its Dockerfile; `docker run --read-only --user 65532 --cap-drop ALL
 #      IMAGE version` works for each
@@ -163,9 +164,11 @@ step_done
 step "Kubernetes manifests (offline)"
 mapfile -t MANIFESTS < <(find deploy/k8s -maxdepth 1 -name '*.yaml' ! -name kustomization.yaml | sort)
 if command -v kubernetes-validate >/dev/null; then
-  # The package's own CLI over every file; it can only warn about the Knative Service (a CRD it
-  # has no schema for), which deploy/validate-manifests.py then checks with a bundled schema.
-  say "kubernetes-validate --strict over ${#MANIFESTS[@]} files (a WARN for the Knative Service is expected: CRD)"
+  # The package's own CLI over every file; it can only warn about the Knative Service and KEDA's
+  # ScaledObject and TriggerAuthentication (CRDs it has no schema for), which
+  # deploy/validate-manifests.py then checks: Knative with a bundled schema, KEDA against its own
+  # CRDs vendored in deploy/schemas/.
+  say "kubernetes-validate --strict over ${#MANIFESTS[@]} files (WARNs for the Knative Service and KEDA's kinds are expected: CRDs)"
   kubernetes-validate --strict --quiet "${MANIFESTS[@]}" || fail "kubernetes-validate rejected a manifest"
   deploy/validate-manifests.py || fail "deploy/validate-manifests.py rejected a manifest"
 else

@@ -10,9 +10,16 @@ usage: deploy/validate-manifests.py [DIR]   (default: deploy/k8s next to this sc
    (the Knative fields RunR uses), and its revision template as a core PodTemplate (strict) after
    removing the Knative-only revision fields. Any other kind without a schema is an error, so
    nothing ships unvalidated.
-3. kustomization.yaml: every manifest file is listed, every listed file exists, every RunR image
+3. KEDA's resources (keda.sh/v1alpha1 ScaledObject, TriggerAuthentication) against KEDA's own CRD
+   schemas, vendored in deploy/schemas/ (source and license there), made strict: an object with
+   `properties` accepts no other field (the API server would prune a typo silently). The CRD's
+   CEL rule (minReplicaCount <= maxReplicaCount) is checked by hand. Then the recipe's sense: it
+   scales a queue consumer of these manifests, on the lag of that consumer's own stream and
+   group, through a TriggerAuthentication of these manifests, and the group is created ahead (an
+   init container running `runr-queue create-group`) at a start that is not `$`.
+4. kustomization.yaml: every manifest file is listed, every listed file exists, every RunR image
    of the manifests has an `images` entry, and all carry the workspace version as tag.
-4. What the spec requires and a schema cannot say: the receiver's security context and /work
+5. What the spec requires and a schema cannot say: the receiver's security context and /work
    sizing, the wrapper's init container and /runr emptyDir, the prewarm variables, the queue
    consumer's variables and that its target is a Knative Service of these manifests, and that
    every RUNR_* variable set is one the binary in that container reads (its crates' sources name
@@ -37,6 +44,12 @@ except ImportError as e:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+SCHEMAS = os.path.join(HERE, "schemas")
+# The custom resources checked against a vendored CRD: (group, kind) -> file in deploy/schemas.
+CRDS = {
+    ("keda.sh", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+    ("keda.sh", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
+}
 IMAGE_PREFIX = "ghcr.io/brf-tech/runr/"
 
 # Fields a Knative RevisionSpec adds to the core PodSpec (serving.knative.dev/v1).
@@ -179,6 +192,118 @@ def validate_knative_service(doc, version, where, rep):
         rep.fail(f"{where}: {name_of(doc)} (Knative): spec.{path}: {e.message}")
 
 
+def strict(node):
+    """The CRD's schema with `additionalProperties: false` on every object that lists its
+    `properties` (and does not say it keeps unknown fields): unknown fields become errors."""
+    if isinstance(node, dict):
+        out = {k: strict(v) for k, v in node.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node, list):
+        return [strict(v) for v in node]
+    return node
+
+
+def crd_schema(group, kind, version):
+    """The strict openAPIV3Schema of `version` in the vendored CRD of (group, kind), or None."""
+    path = os.path.join(SCHEMAS, CRDS[(group, kind)])
+    crd = yaml.safe_load(open(path))
+    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["group"] == group
+    assert crd["spec"]["names"]["kind"] == kind
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version and v.get("served", True):
+            return strict(v["schema"]["openAPIV3Schema"])
+    return None
+
+
+def is_crd_resource(doc):
+    api = doc.get("apiVersion", "")
+    return (api.split("/", 1)[0], doc.get("kind")) in CRDS
+
+
+def validate_crd_resource(doc, where, rep):
+    group, version = doc["apiVersion"].split("/", 1)
+    kind = doc["kind"]
+    source = f"deploy/schemas/{CRDS[(group, kind)]}"
+    schema = crd_schema(group, kind, version)
+    if schema is None:
+        rep.fail(f"{where}: {name_of(doc)}: {source} serves no version {version}")
+        return
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+    name = doc.get("metadata", {}).get("name", "")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name):
+        rep.fail(f"{where}: {name_of(doc)}: metadata.name is not a DNS subdomain name")
+    for e in errors:
+        path = ".".join(str(p) for p in e.path)
+        rep.fail(f"{where}: {name_of(doc)}: {path}: {e.message} ({source}, strict)")
+    if not errors:
+        rep.ok(f"{where}: {name_of(doc)} matches {kind} {version} of {source} (strict)")
+    if kind == "ScaledObject":
+        spec = doc.get("spec", {})
+        lo, hi = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+        rep.check(lo <= hi, f"{where}: {name_of(doc)}: minReplicaCount <= maxReplicaCount (the CRD's CEL rule)")
+
+
+def check_keda(docs, rep):
+    """A ScaledObject of these manifests scales a queue consumer of these manifests on its own
+    stream and group, lag-based, authenticated by a TriggerAuthentication of these manifests, and
+    the group is created ahead at a start that is not `$` (else the backlog that scaled it from
+    zero would be skipped)."""
+    deployments = {d["metadata"]["name"]: d for _, d in docs if d.get("kind") == "Deployment"}
+    auths = {d["metadata"]["name"] for _, d in docs if d.get("kind") == "TriggerAuthentication"}
+    for where, so in docs:
+        if so.get("kind") != "ScaledObject":
+            continue
+        who = f"{where}: {name_of(so)}"
+        ref = so["spec"]["scaleTargetRef"]
+        target = deployments.get(ref.get("name")) if ref.get("kind", "Deployment") == "Deployment" else None
+        pod = pod_spec_of(target) if target else {}
+        queue = [c for c in (pod or {}).get("containers", []) if c.get("image", "").startswith(IMAGE_PREFIX + "queue:")]
+        rep.check(len(queue) == 1, f"{who}: scales Deployment {ref.get('name')}, a queue consumer of these manifests")
+        if len(queue) != 1:
+            continue
+        env = env_of(queue[0])
+        stream, group = env.get("RUNR_QUEUE_STREAM"), env.get("RUNR_QUEUE_GROUP")
+        triggers = so["spec"]["triggers"]
+        rep.check(
+            all(
+                t["type"] == "redis-streams"
+                and t["metadata"].get("stream") == stream
+                and t["metadata"].get("consumerGroup") == group
+                for t in triggers
+            ),
+            f"{who}: every trigger is redis-streams on the consumer's stream {stream} and group {group}",
+        )
+        rep.check(
+            any(int(t["metadata"].get("lagCount", "0")) > 0 for t in triggers),
+            f"{who}: scales on the group's lag (lagCount)",
+        )
+        rep.check(
+            all(t.get("authenticationRef", {}).get("name") in auths for t in triggers),
+            f"{who}: every trigger's authenticationRef is a TriggerAuthentication of these manifests",
+        )
+        inits = [
+            c
+            for c in pod.get("initContainers", [])
+            if c.get("image", "").startswith(IMAGE_PREFIX + "queue:") and c.get("args") == ["create-group"]
+        ]
+        init_env = env_of(inits[0]) if inits else {}
+        rep.check(
+            len(inits) == 1
+            and init_env.get("RUNR_QUEUE_STREAM") == stream
+            and init_env.get("RUNR_QUEUE_GROUP") == group
+            and init_env.get("RUNR_QUEUE_START", "$") != "$"
+            and env.get("RUNR_QUEUE_START", "$") != "$",
+            f"{who}: the group is created ahead (init container `runr-queue create-group` on the same "
+            "stream and group) and RUNR_QUEUE_START is not $ there or in the consumer",
+        )
+
+
 def pod_spec_of(doc):
     kind = doc.get("kind")
     spec = doc.get("spec", {})
@@ -274,6 +399,9 @@ def check_policies(doc, path, where, rep):
                 f"{who} (receiver): runtimeClassName is documented (commented) for gVisor/Kata",
             )
         if image.startswith(IMAGE_PREFIX + "queue:"):
+            for init in pod.get("initContainers", []):
+                if init.get("image", "").startswith(IMAGE_PREFIX + "queue:"):
+                    hardened(init, pod, f"{who} (queue init container {init['name']})", rep)
             names = {e["name"] for e in c.get("env", [])}
             hardened(c, pod, f"{who} (queue)", rep)
             rep.check(
@@ -319,7 +447,7 @@ def check_variables(doc, where, rep):
     pod = pod_spec_of(doc)
     if pod is None:
         return
-    for c in pod.get("containers", []):
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
         image = c.get("image", "")
         if c.get("command") == ["/runr/runr-wrapper"]:
             kind = "wrapper"
@@ -367,6 +495,7 @@ def main():
     images = set()
     knative_services = set()
     queue_targets = []
+    all_docs = []
     for f in manifests:
         path = os.path.join(directory, f)
         where = os.path.relpath(path, ROOT)
@@ -377,8 +506,11 @@ def main():
             continue
         for doc in docs:
             api = doc.get("apiVersion", "")
+            all_docs.append((where, doc))
             if api.startswith("serving.knative.dev/") and doc.get("kind") == "Service":
                 validate_knative_service(doc, version, where, rep)
+            elif is_crd_resource(doc):
+                validate_crd_resource(doc, where, rep)
             else:
                 try:
                     validate_core(doc, version, where, rep)
@@ -400,6 +532,8 @@ def main():
             target.startswith("http://") and host.split(".", 1)[0] in knative_services,
             f"{who} (queue): RUNR_QUEUE_TARGET {target} is a Knative Service of these manifests",
         )
+
+    check_keda(all_docs, rep)
 
     kpath = os.path.join(directory, "kustomization.yaml")
     if os.path.exists(kpath):

@@ -1,13 +1,16 @@
 //! runr-queue's parsers of untrusted bytes: a stream entry's fields become a JSON body that
 //! serde_json reads back to the very same pairs (or the entry is refused for its size or for
 //! bytes that are not UTF-8), and the function's Retry-After and X-RunR-Error headers are read
-//! within their bounds, never with a panic.
+//! within their bounds, never with a panic; a `traceparent` field, valid or not, always gives a
+//! valid `traceparent` for the attempt (the producer's trace id kept when it was valid).
 #![no_main]
 
 use std::time::{Duration, SystemTime};
 
 use libfuzzer_sys::fuzz_target;
-use runr_queue::fuzz::{error_class, event_body, event_time, retry_after};
+use runr_queue::fuzz::{
+    attempt_traceparent, error_class, event_body, event_time, retry_after, traceparent,
+};
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 /// Every pair of a JSON object of strings, duplicates and order kept.
@@ -91,6 +94,16 @@ fuzz_target!(|data: &[u8]| {
         assert!(class
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b)));
+    }
+    let sent = attempt_traceparent(&[(b"traceparent".to_vec(), data.to_vec())]);
+    let (trace, span, flags) = traceparent(sent.as_bytes()).expect("a valid traceparent is sent");
+    assert_eq!(sent.len(), 55, "{sent}");
+    assert_ne!(span, [0; 8]);
+    if let Some((producer_trace, _, producer_flags)) = traceparent(data) {
+        assert_eq!(trace, producer_trace);
+        assert_eq!(flags, producer_flags);
+    } else {
+        assert_eq!(flags, 1, "a new trace is sampled");
     }
     if let Ok(id) = std::str::from_utf8(data) {
         if let Some(t) = event_time(id) {

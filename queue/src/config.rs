@@ -11,10 +11,20 @@ pub const ENV_REDIS_URL: &str = "RUNR_QUEUE_REDIS_URL";
 /// Optional PEM file with extra CA certificates for `rediss://`, for a Redis behind a private CA.
 /// The built-in (Mozilla) roots stay trusted too.
 pub const ENV_REDIS_CA_FILE: &str = "RUNR_QUEUE_REDIS_CA_FILE";
+/// A client certificate (PEM, the leaf first, intermediates after it) for `rediss://` to a Redis
+/// that requires one (`tls-auth-clients yes`: mutual TLS); with [`ENV_REDIS_KEY_FILE`].
+pub const ENV_REDIS_CERT_FILE: &str = "RUNR_QUEUE_REDIS_CERT_FILE";
+/// The private key of [`ENV_REDIS_CERT_FILE`] (PEM: PKCS#8, SEC1 or PKCS#1, unencrypted).
+pub const ENV_REDIS_KEY_FILE: &str = "RUNR_QUEUE_REDIS_KEY_FILE";
 /// The stream to consume. Required.
 pub const ENV_STREAM: &str = "RUNR_QUEUE_STREAM";
-/// The consumer group; created at `$` (new entries only) with `MKSTREAM` when missing. Required.
+/// The consumer group; created at [`ENV_START`] with `MKSTREAM` when missing. Required.
 pub const ENV_GROUP: &str = "RUNR_QUEUE_GROUP";
+/// Where a group the consumer (or `runr-queue create-group`) creates starts: `$` new entries
+/// only, `0` the whole stream, or an entry id (entries after it). A group lost later (Redis lost
+/// its data, someone destroyed it) is created again where this consumer left off, never at `$`.
+pub const ENV_START: &str = "RUNR_QUEUE_START";
+const DEFAULT_START: &str = "$";
 /// This consumer's name within the group. Defaults to `$HOSTNAME` (the pod's name).
 pub const ENV_CONSUMER: &str = "RUNR_QUEUE_CONSUMER";
 /// Read only as the default of [`ENV_CONSUMER`]; the kubelet sets it to the pod's name.
@@ -66,6 +76,15 @@ pub const WRAPPER_ERROR_CLASSES: &[&str] = &[
     "overload",
     "unavailable",
 ];
+/// The dead-letter stream; `<stream>-dlq` when unset.
+pub const ENV_DEAD_LETTER_STREAM: &str = "RUNR_QUEUE_DEAD_LETTER_STREAM";
+/// Approximate length bound of the dead-letter stream (`XADD … MAXLEN ~ n`): Redis trims the
+/// oldest dead letters once there are about this many. Unset: unbounded.
+pub const ENV_DEAD_LETTER_MAXLEN: &str = "RUNR_QUEUE_DEAD_LETTER_MAXLEN";
+const MAX_DEAD_LETTER_MAXLEN: u64 = 1 << 40;
+/// Port of `/metrics` (Prometheus text format) and `/healthz` (whether Redis answers); unset:
+/// no endpoint. 0 lets the kernel pick one (the log line names it).
+pub const ENV_METRICS_PORT: &str = "RUNR_QUEUE_METRICS_PORT";
 /// How long deliveries in flight may finish after SIGTERM.
 pub const ENV_DRAIN: &str = "RUNR_QUEUE_DRAIN_TIMEOUT";
 /// Below the kubelet's default grace period of 30 s, so we exit before SIGKILL.
@@ -87,10 +106,23 @@ pub const VARS: &[VarDoc] = &[
         ENV_REDIS_CA_FILE,
         "extra CA certificates for rediss://, PEM (the built-in roots stay trusted)",
     ),
+    VarDoc::optional(
+        ENV_REDIS_CERT_FILE,
+        "client certificate for rediss:// (mutual TLS), PEM; with RUNR_QUEUE_REDIS_KEY_FILE",
+    ),
+    VarDoc::optional(
+        ENV_REDIS_KEY_FILE,
+        "the client certificate's private key, PEM (unencrypted)",
+    ),
     VarDoc::required(ENV_STREAM, "the stream to consume"),
     VarDoc::required(
         ENV_GROUP,
-        "the consumer group (created at $ with MKSTREAM when missing)",
+        "the consumer group (created at RUNR_QUEUE_START with MKSTREAM when missing)",
+    ),
+    VarDoc::new(
+        ENV_START,
+        "$",
+        "where a group created here starts: $ (new entries), 0 (the whole stream) or an entry id",
     ),
     VarDoc::new(
         ENV_CONSUMER,
@@ -133,6 +165,19 @@ pub const VARS: &[VarDoc] = &[
     VarDoc::optional(
         ENV_DEAD_LETTER_AT_ONCE,
         "error classes and statuses dead-lettered without a retry, e.g. limit,400,422",
+    ),
+    VarDoc::new(
+        ENV_DEAD_LETTER_STREAM,
+        "<stream>-dlq",
+        "the dead-letter stream",
+    ),
+    VarDoc::optional(
+        ENV_DEAD_LETTER_MAXLEN,
+        "approximate length bound of the dead-letter stream (XADD MAXLEN ~); unbounded when unset",
+    ),
+    VarDoc::optional(
+        ENV_METRICS_PORT,
+        "port of /metrics (Prometheus) and /healthz (whether Redis answers); off when unset",
     ),
     VarDoc::new(
         ENV_DRAIN,
@@ -238,10 +283,15 @@ pub struct Config {
     pub redis: RedisUrl,
     /// [`ENV_REDIS_CA_FILE`]: its certificates, PEM, read at start.
     pub redis_ca: Option<Vec<u8>>,
+    /// [`ENV_REDIS_CERT_FILE`] and [`ENV_REDIS_KEY_FILE`]: the client certificate and its key,
+    /// PEM, read at start.
+    pub redis_client: Option<(Vec<u8>, Vec<u8>)>,
     /// [`ENV_STREAM`].
     pub stream: String,
     /// [`ENV_GROUP`].
     pub group: String,
+    /// [`ENV_START`]: `$`, `0` or an entry id, as Redis reads it in `XGROUP CREATE`.
+    pub start: String,
     /// [`ENV_CONSUMER`].
     pub consumer: String,
     /// [`ENV_TARGET`].
@@ -262,15 +312,42 @@ pub struct Config {
     pub max_body: usize,
     /// [`ENV_DEAD_LETTER_AT_ONCE`].
     pub at_once: AtOnce,
+    /// [`ENV_DEAD_LETTER_STREAM`], `<stream>-dlq` when unset.
+    pub dead_letters: String,
+    /// [`ENV_DEAD_LETTER_MAXLEN`].
+    pub dead_letter_maxlen: Option<u64>,
+    /// [`ENV_METRICS_PORT`].
+    pub metrics_port: Option<u16>,
     /// [`ENV_DRAIN`].
     pub drain: Duration,
     /// [`ENV_LOG`].
     pub log_level: tracing::Level,
 }
 
+/// What a command needs of the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `run`: every required variable.
+    Consumer,
+    /// `create-group`, `redrive`: Redis, the stream and the group; no target, no consumer name
+    /// (read and checked when set, placeholders when not).
+    Admin,
+}
+
+/// The consumer name of the admin commands when none is set (they read no entries).
+const ADMIN_CONSUMER: &str = "runr-queue-admin";
+
 impl Config {
     /// Reads every variable through `get`; every bad one is an error in the result.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        Self::for_role(get, Role::Consumer)
+    }
+
+    /// [`Config::from_lookup`] for `role`.
+    pub fn for_role(
+        get: &dyn Fn(&str) -> Option<String>,
+        role: Role,
+    ) -> Result<Config, ConfigErrors> {
         let mut env = Env::new(get);
         let redis = redis_url(&mut env);
         let redis_ca = env.optional(ENV_REDIS_CA_FILE, read_ca_file);
@@ -282,10 +359,15 @@ impl Config {
                 format!("only used with rediss://, and {ENV_REDIS_URL} is redis://"),
             );
         }
+        let cert = env.optional(ENV_REDIS_CERT_FILE, read_cert_file);
+        let key = env.optional(ENV_REDIS_KEY_FILE, read_key_file);
+        let redis_client = client_pair(&mut env, redis.as_ref(), cert, key);
         let stream = env.required(ENV_STREAM, parse_name);
         let group = env.required(ENV_GROUP, parse_name);
+        let start = env.parse(ENV_START, DEFAULT_START.to_string(), parse_start);
         let consumer = match env.value(ENV_CONSUMER) {
             Some(v) => check_name(&mut env, ENV_CONSUMER, &v),
+            None if role == Role::Admin => Some(ADMIN_CONSUMER.to_string()),
             None => match env.value(ENV_HOSTNAME) {
                 Some(v) => check_name(&mut env, ENV_HOSTNAME, &v),
                 None => {
@@ -294,7 +376,12 @@ impl Config {
                 }
             },
         };
-        let target = env.required(ENV_TARGET, parse_target);
+        let target = match role {
+            Role::Consumer => env.required(ENV_TARGET, parse_target),
+            Role::Admin => env
+                .optional(ENV_TARGET, parse_target)
+                .or_else(|| parse_target("http://localhost/").ok()),
+        };
         let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=MAX_CONCURRENCY);
         let max_attempts = env.count(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, 1..=MAX_MAX_ATTEMPTS);
         let backoff = env.duration_in(ENV_BACKOFF, DEFAULT_BACKOFF, MS..=Duration::from_secs(3600));
@@ -318,6 +405,25 @@ impl Config {
         );
         let max_body = env.size_in(ENV_MAX_BODY, DEFAULT_MAX_BODY, MAX_BODY_RANGE) as usize;
         let at_once = env.parse(ENV_DEAD_LETTER_AT_ONCE, AtOnce::default(), parse_at_once);
+        let dead_letters = env.optional(ENV_DEAD_LETTER_STREAM, parse_name);
+        let dead_letter_maxlen = env.optional(ENV_DEAD_LETTER_MAXLEN, |v| {
+            runr_base::env::parse_count(v, &(1..=MAX_DEAD_LETTER_MAXLEN))
+        });
+        if let (Some(d), Some(s)) = (&dead_letters, &stream) {
+            if d == s {
+                env.reject(
+                    ENV_DEAD_LETTER_STREAM,
+                    Some(d),
+                    format!("must not be the stream itself ({ENV_STREAM})"),
+                );
+            }
+        }
+        let dead_letters = dead_letters.or_else(|| stream.as_ref().map(|s| format!("{s}-dlq")));
+        let metrics_port = env.optional(ENV_METRICS_PORT, |v| {
+            v.trim()
+                .parse::<u16>()
+                .map_err(|_| "expected a port number from 0 to 65535".to_string())
+        });
         let drain = env.duration_in(
             ENV_DRAIN,
             DEFAULT_DRAIN,
@@ -329,8 +435,10 @@ impl Config {
             Some(Config {
                 redis: redis?,
                 redis_ca,
+                redis_client,
                 stream: stream?,
                 group: group?,
+                start,
                 consumer: consumer?,
                 target: target?,
                 concurrency,
@@ -341,6 +449,9 @@ impl Config {
                 claim_idle,
                 max_body,
                 at_once,
+                dead_letters: dead_letters?,
+                dead_letter_maxlen,
+                metrics_port,
                 drain,
                 log_level,
             })
@@ -348,9 +459,28 @@ impl Config {
         env.finish_with(value)
     }
 
-    /// The dead-letter stream, `<stream>-dlq`.
+    /// The dead-letter stream, [`ENV_DEAD_LETTER_STREAM`] or `<stream>-dlq`.
     pub fn dead_letter_stream(&self) -> String {
-        format!("{}-dlq", self.stream)
+        self.dead_letters.clone()
+    }
+}
+
+/// [`ENV_START`]: `$`, `0`, or an entry id `<ms>[-<seq>]`.
+pub fn parse_start(v: &str) -> Result<String, String> {
+    if v == "$" || v == "0" {
+        return Ok(v.to_string());
+    }
+    let number = |s: &str| {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+    };
+    let ok = match v.split_once('-') {
+        Some((ms, seq)) => number(ms) && number(seq),
+        None => number(v),
+    };
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err("expected $ (new entries only), 0 (the whole stream) or an entry id such as 1700000000000-0".to_string())
     }
 }
 
@@ -438,6 +568,52 @@ fn read_ca_file(path: &str) -> Result<Vec<u8>, String> {
         return Err("no PEM certificate in it".to_string());
     }
     Ok(data)
+}
+
+/// A client certificate file: readable, and at least one PEM certificate in it.
+fn read_cert_file(path: &str) -> Result<Vec<u8>, String> {
+    read_ca_file(path)
+}
+
+/// A private key file: readable, and one PEM private key in it.
+fn read_key_file(path: &str) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let data = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(&data)
+        .map_err(|_| "no unencrypted PEM private key (PKCS#8, SEC1 or PKCS#1) in it".to_string())?;
+    Ok(data)
+}
+
+/// Both files or neither, and only with `rediss://`.
+fn client_pair(
+    env: &mut Env<'_>,
+    redis: Option<&RedisUrl>,
+    cert: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (cert_set, key_set) = (
+        env.value(ENV_REDIS_CERT_FILE).is_some(),
+        env.value(ENV_REDIS_KEY_FILE).is_some(),
+    );
+    if cert_set != key_set {
+        let (name, other) = if cert_set {
+            (ENV_REDIS_KEY_FILE, ENV_REDIS_CERT_FILE)
+        } else {
+            (ENV_REDIS_CERT_FILE, ENV_REDIS_KEY_FILE)
+        };
+        env.reject(name, None, format!("required when {other} is set"));
+        return None;
+    }
+    if cert_set && redis.is_some_and(|r| !r.tls) {
+        let value = env.value(ENV_REDIS_CERT_FILE);
+        env.reject(
+            ENV_REDIS_CERT_FILE,
+            value.as_deref(),
+            format!("only used with rediss://, and {ENV_REDIS_URL} is redis://"),
+        );
+        return None;
+    }
+    Some((cert?, key?))
 }
 
 /// `host:port`, `[v6]:port`, `host`: the host and the port text, if any.
@@ -608,6 +784,20 @@ mod tests {
         assert_eq!(c.drain, Duration::from_secs(25));
         assert_eq!(c.log_level, tracing::Level::INFO);
         assert_eq!(c.dead_letter_stream(), "orders-dlq");
+        assert_eq!(c.dead_letter_maxlen, None);
+        assert_eq!(c.metrics_port, None);
+        assert_eq!(
+            parse(&with(&[(ENV_METRICS_PORT, "9090")]))
+                .unwrap()
+                .metrics_port,
+            Some(9090)
+        );
+        assert_eq!(
+            parse(&with(&[(ENV_METRICS_PORT, "http")]))
+                .unwrap_err()
+                .names(),
+            [ENV_METRICS_PORT]
+        );
     }
 
     #[test]
@@ -717,6 +907,92 @@ mod tests {
     }
 
     #[test]
+    fn dead_letter_streams() {
+        let c = parse(&with(&[
+            (ENV_DEAD_LETTER_STREAM, "{orders}-parked"),
+            (ENV_DEAD_LETTER_MAXLEN, "10000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.dead_letter_stream(), "{orders}-parked");
+        assert_eq!(c.dead_letter_maxlen, Some(10000));
+        for (name, bad, reason) in [
+            (
+                ENV_DEAD_LETTER_STREAM,
+                "orders",
+                "must not be the stream itself",
+            ),
+            (ENV_DEAD_LETTER_STREAM, "a b", "only visible ASCII"),
+            (
+                ENV_DEAD_LETTER_MAXLEN,
+                "0",
+                "expected a whole number from 1",
+            ),
+            (
+                ENV_DEAD_LETTER_MAXLEN,
+                "many",
+                "expected a whole number from 1",
+            ),
+        ] {
+            let errors = parse(&with(&[(name, bad)])).unwrap_err();
+            assert_eq!(errors.names(), [name], "{bad:?}");
+            assert!(errors.to_string().contains(reason), "{errors}");
+        }
+    }
+
+    #[test]
+    fn starts() {
+        assert_eq!(parse(GOOD).unwrap().start, "$");
+        for good in ["$", "0", "1700000000000", "1700000000000-0", "0-1"] {
+            let c = parse(&with(&[(ENV_START, good)])).unwrap();
+            assert_eq!(c.start, good);
+        }
+        for bad in [
+            "now",
+            "-1",
+            "1-",
+            "-0",
+            "1-2-3",
+            "$0",
+            "99999999999999999999999",
+        ] {
+            let errors = parse(&with(&[(ENV_START, bad)])).unwrap_err();
+            assert_eq!(errors.names(), [ENV_START], "{bad:?}");
+            assert!(
+                errors.to_string().contains("expected $ (new entries only)"),
+                "{errors}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_admin_commands_need_no_target_or_consumer() {
+        let vars = [
+            (ENV_REDIS_URL, "redis://127.0.0.1:6379"),
+            (ENV_STREAM, "orders"),
+            (ENV_GROUP, "orders-api"),
+        ];
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = move |n: &str| map.get(n).cloned();
+        let c = Config::for_role(&get, Role::Admin).unwrap();
+        assert_eq!(c.consumer, ADMIN_CONSUMER);
+        assert_eq!(
+            Config::for_role(&get, Role::Consumer).unwrap_err().names(),
+            [ENV_CONSUMER, ENV_TARGET]
+        );
+        // Set, they are still checked.
+        let bad = |n: &str| {
+            (n == ENV_TARGET)
+                .then(|| "ftp://x".to_string())
+                .or_else(|| get(n))
+        };
+        let errors = Config::for_role(&bad, Role::Admin).unwrap_err();
+        assert_eq!(errors.names(), [ENV_TARGET]);
+    }
+
+    #[test]
     fn ca_files() {
         let dir = tempfile::tempdir().unwrap();
         let good = dir.path().join("ca.pem");
@@ -748,6 +1024,87 @@ mod tests {
         ] {
             let errors = parse_with(url, file).unwrap_err();
             assert_eq!(errors.names(), [ENV_REDIS_CA_FILE]);
+            assert!(errors.to_string().contains(reason), "{errors}");
+        }
+    }
+
+    #[test]
+    fn client_certificates() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = crate::roots::pem_bundle();
+        let cert = bundle
+            .split_inclusive("-----END CERTIFICATE-----\n")
+            .next()
+            .unwrap();
+        let cert_path = dir.path().join("client.pem");
+        std::fs::write(&cert_path, cert).unwrap();
+        // A throwaway PKCS#8 P-256 key (`openssl genpkey`); that it matches the certificate is
+        // the TLS handshake's business.
+        let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgeKWY/n4QYUzwon4z\nrZ/nOHXA/g6t2wAAssjw/vTu+OihRANCAASQgFX3Flv1TbUb3whnjWho4Q0LJJwi\nGiO1ejHQukPs3nDvN4NDZ1xcP1ccm/jEcp+XplS0HRzgWEvGosxrj/TG\n-----END PRIVATE KEY-----\n";
+        let key_path = dir.path().join("client.key");
+        std::fs::write(&key_path, key).unwrap();
+        let junk = dir.path().join("junk");
+        std::fs::write(&junk, "nothing\n").unwrap();
+        let (c, k, j) = (
+            cert_path.to_str().unwrap(),
+            key_path.to_str().unwrap(),
+            junk.to_str().unwrap(),
+        );
+        let parse_with = |url: &str, files: &[(&'static str, &str)]| {
+            let mut vars: HashMap<String, String> = GOOD
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            vars.insert(ENV_REDIS_URL.into(), url.into());
+            for (n, v) in files {
+                vars.insert(n.to_string(), v.to_string());
+            }
+            Config::from_lookup(&move |n: &str| vars.get(n).cloned())
+        };
+        let ok = parse_with(
+            "rediss://h:1",
+            &[(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, k)],
+        )
+        .unwrap();
+        assert_eq!(
+            ok.redis_client,
+            Some((cert.as_bytes().to_vec(), key.as_bytes().to_vec()))
+        );
+        assert_eq!(parse(GOOD).unwrap().redis_client, None);
+        for (url, files, name, reason) in [
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c)],
+                ENV_REDIS_KEY_FILE,
+                "required when RUNR_QUEUE_REDIS_CERT_FILE is set",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "required when RUNR_QUEUE_REDIS_KEY_FILE is set",
+            ),
+            (
+                "redis://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "only used with rediss://",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, c), (ENV_REDIS_KEY_FILE, j)],
+                ENV_REDIS_KEY_FILE,
+                "no unencrypted PEM private key",
+            ),
+            (
+                "rediss://h:1",
+                vec![(ENV_REDIS_CERT_FILE, j), (ENV_REDIS_KEY_FILE, k)],
+                ENV_REDIS_CERT_FILE,
+                "no PEM certificate",
+            ),
+        ] {
+            let errors = parse_with(url, &files).unwrap_err();
+            assert_eq!(errors.names(), [name], "{files:?}");
             assert!(errors.to_string().contains(reason), "{errors}");
         }
     }

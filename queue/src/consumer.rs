@@ -28,9 +28,11 @@ use tokio::time::Instant;
 use crate::answer::Verdict;
 use crate::backoff::{random, retry_delay};
 use crate::config::Config;
-use crate::deliver::{AnswerBody, Event, Http, Sent};
+use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
+use crate::metrics::{Metrics, Outcome};
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
+use crate::trace::Trace;
 
 /// How the consumer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +64,8 @@ struct Counts {
 
 struct Ctx {
     config: Config,
-    store: Store,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
     http: Http,
     slots: Arc<Semaphore>,
     hand: Mutex<HashMap<String, Arc<Held>>>,
@@ -80,9 +83,18 @@ pub async fn run(
 ) -> Ended {
     crate::roots::install_crypto_provider();
     let store = match Store::new(&config) {
-        Ok(s) => s,
+        Ok(s) => Arc::new(s),
         Err(e) => return Ended::Fatal(e.to_string()),
     };
+    let metrics = Arc::new(Metrics::default());
+    if let Some(port) = config.metrics_port {
+        // Up before Redis is: /healthz says 503 while the consumer waits for it.
+        if let Err(e) = crate::metrics::start(port, metrics.clone(), store.clone()).await {
+            return Ended::Fatal(format!(
+                "cannot listen on RUNR_QUEUE_METRICS_PORT {port}: {e}"
+            ));
+        }
+    }
     let source = event::source(&config.stream, &config.group);
     let http = Http::new(config.target.clone(), source, config.concurrency);
     let (stop, _) = tokio::sync::watch::channel(false);
@@ -90,6 +102,7 @@ pub async fn run(
         slots: Arc::new(Semaphore::new(config.concurrency)),
         config,
         store,
+        metrics,
         http,
         hand: Mutex::new(HashMap::new()),
         stop,
@@ -106,9 +119,18 @@ pub async fn run(
             return Ended::Stopped { drained: true };
         }
     };
-    if let Err(r) = created {
-        log_refusal(&r);
-        return Ended::Fatal(r.to_string());
+    match created {
+        Err(r) => {
+            log_refusal(&r);
+            return Ended::Fatal(r.to_string());
+        }
+        Ok(true) => tracing::info!(
+            stream = %ctx.config.stream,
+            group = %ctx.config.group,
+            at = %ctx.config.start,
+            "created the consumer group"
+        ),
+        Ok(false) => {}
     }
     let c = &ctx.config;
     tracing::info!(
@@ -157,6 +179,9 @@ pub async fn run(
         .await
         .is_ok();
     heartbeat.abort();
+    if drained && ended_by.is_err() {
+        ctx.leave_group().await;
+    }
     let (delivered, dead, left) = (
         ctx.counts.delivered.load(Ordering::Relaxed),
         ctx.counts.dead_lettered.load(Ordering::Relaxed),
@@ -204,6 +229,39 @@ impl Ctx {
         self.hand().len()
     }
 
+    /// At a clean exit with nothing left pending on this consumer, `XGROUP DELCONSUMER`: pods
+    /// of an autoscaled Deployment are each a consumer, and would otherwise pile up in the group.
+    /// Nothing is read any more, so nothing can become pending on it in between.
+    async fn leave_group(&self) {
+        if self.in_hand() > 0 || self.counts.left_pending.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        let limit = Duration::from_secs(2);
+        let left = tokio::time::timeout(limit, async {
+            match self.store.holds_pending().await {
+                Ok(false) => self.store.delete_consumer().await.map(|()| true),
+                Ok(true) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        match left {
+            Ok(Ok(true)) => tracing::info!(
+                consumer = %self.config.consumer,
+                "left the consumer group (nothing pending on this consumer)"
+            ),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the consumer group"),
+            Err(_) => tracing::debug!("could not leave the consumer group in time"),
+        }
+    }
+
+    /// Counts an entry let go without an outcome: it stays pending for whoever delivers it next.
+    fn left_pending(&self) {
+        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+        self.metrics.outcome(Outcome::Abandoned);
+    }
+
     fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
@@ -239,6 +297,7 @@ impl Ctx {
                 return;
             }
             hand.insert(entry.id.clone(), held.clone());
+            self.metrics.set_in_hand(hand.len());
         }
         tokio::spawn(self.clone().handle(entry, attempt, held, permit));
     }
@@ -441,11 +500,18 @@ impl Ctx {
             let _ = self.store.retry(|| self.store.ack(id)).await;
             return;
         };
+        let trace = Trace::of_entry(fields);
+        let trace_id = trace.trace_id_hex();
+        let d = Delivery {
+            id,
+            fields,
+            trace_id: &trace_id,
+        };
         let body = match event::encode_body(fields, self.config.max_body) {
             Ok(b) => Bytes::from(b),
             Err(e) => {
                 tracing::warn!(id, error = %e, "the entry cannot be an event");
-                self.dead_letter(id, fields, first_attempt - 1, 0, Some(e.class()))
+                self.dead_letter(&d, first_attempt - 1, 0, Some(e.class()), "")
                     .await;
                 return;
             }
@@ -453,7 +519,7 @@ impl Ctx {
         if first_attempt > self.config.max_attempts {
             // Its last attempts ended with the consumers making them (killed, or stopped at
             // the drain limit): no answer to record.
-            self.dead_letter(id, fields, first_attempt - 1, 0, Some("abandoned"))
+            self.dead_letter(&d, first_attempt - 1, 0, Some("abandoned"), "")
                 .await;
             return;
         }
@@ -466,7 +532,7 @@ impl Ctx {
                     r = self.store.retry(|| self.store.set_attempt(id, attempt)) => r,
                     // Redis is away and we are stopping: the entry stays pending as it is.
                     () = self.until_stopped() => {
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                 };
@@ -474,13 +540,14 @@ impl Ctx {
                     Ok(true) => {}
                     Ok(false) => held.lost.store(true, Ordering::Relaxed),
                     Err(_) => {
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                 }
             }
             if held.lost.load(Ordering::Relaxed) {
                 tracing::info!(id, "the entry is no longer pending (taken over or acknowledged elsewhere): dropped");
+                self.metrics.outcome(Outcome::Abandoned);
                 return;
             }
             let event = Event {
@@ -488,8 +555,12 @@ impl Ctx {
                 time: &time,
                 attempt,
                 body: body.clone(),
+                traceparent: trace.attempt(),
+                tracestate: trace.tracestate.as_deref(),
             };
+            let began = Instant::now();
             let sent = self.http.send(&event, self.config.timeout).await;
+            self.metrics.attempt(began.elapsed());
             let (verdict, status, class, body, detail) = match sent {
                 Sent::Answered { answer, body } => (
                     answer.verdict(&self.config.at_once),
@@ -519,30 +590,32 @@ impl Ctx {
             if verdict == Verdict::Done {
                 // Acknowledged as soon as the head said 2xx: the body is read meanwhile, with a
                 // bound of its own, only for the log line and the connection.
-                let (acked, answer) = tokio::join!(
+                let (acked, (answer, _)) = tokio::join!(
                     self.store.retry(|| self.store.ack(id)),
                     self.finish(body, detail)
                 );
-                tracing::debug!(id, attempt, status, answer = %answer, "delivered");
-                let counter = match acked {
-                    Ok(()) => &self.counts.delivered,
+                tracing::debug!(id, attempt, status, trace_id, answer = %answer, "delivered");
+                match acked {
+                    Ok(()) => {
+                        self.counts.delivered.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.outcome(Outcome::Acked);
+                    }
                     // Redis refused the ack for good: pending, for whoever may ack it.
-                    Err(_) => &self.counts.left_pending,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                    Err(_) => self.left_pending(),
+                }
                 return;
             }
-            let detail = self.finish(body, detail).await;
+            let (detail, answer_body) = self.finish(body, detail).await;
             match verdict {
                 Verdict::Done => return,
                 Verdict::DeadLetter => {
-                    self.dead_letter(id, fields, attempt, status, class.as_deref())
+                    self.dead_letter(&d, attempt, status, class.as_deref(), &answer_body)
                         .await;
                     return;
                 }
                 Verdict::Retry { floor } => {
                     if attempt >= self.config.max_attempts {
-                        self.dead_letter(id, fields, attempt, status, class.as_deref())
+                        self.dead_letter(&d, attempt, status, class.as_deref(), &answer_body)
                             .await;
                         return;
                     }
@@ -554,10 +627,11 @@ impl Ctx {
                             error = class.as_deref().unwrap_or(""),
                             "delivery failed: left pending at shutdown"
                         );
-                        self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                        self.left_pending();
                         return;
                     }
                     let c = &self.config;
+                    self.metrics.outcome(Outcome::Retried);
                     let delay = retry_delay(attempt, c.backoff, c.backoff_max, floor, random());
                     tracing::warn!(
                         id,
@@ -566,13 +640,14 @@ impl Ctx {
                         error = class.as_deref().unwrap_or(""),
                         answer = %detail,
                         retry_in = %runr_base::env::display_duration(delay),
+                        trace_id,
                         "delivery failed"
                     );
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = self.until_stopped() => {
                             tracing::info!(id, attempt, "left pending at shutdown while waiting to retry");
-                            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+                            self.left_pending();
                             return;
                         }
                     }
@@ -582,32 +657,40 @@ impl Ctx {
         }
     }
 
-    /// The start of the answer's body (read with its bounds), or `detail` when there was none.
-    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> String {
+    /// What the log line shows (the start of the answer's body, why it was not read, or
+    /// `detail` when there was no answer), and the answer's first KiB for a dead letter's
+    /// `runr-body` (empty when there was no answer, or its body could not be read).
+    async fn finish(&self, body: Option<AnswerBody>, detail: String) -> (String, String) {
         match body {
-            Some(b) => self.http.finish(b).await,
-            None => detail,
+            Some(b) => match self.http.finish(b).await {
+                Ok(text) => (
+                    crate::deliver::shorten(&text, LOG_SNIPPET).to_string(),
+                    text,
+                ),
+                Err(why) => (why, String::new()),
+            },
+            None => (detail, String::new()),
         }
     }
 
     /// Moves the entry to the dead-letter stream with what became of it.
     async fn dead_letter(
         &self,
-        id: &str,
-        fields: &[(Vec<u8>, Vec<u8>)],
+        d: &Delivery<'_>,
         attempts: u32,
         status: u16,
         class: Option<&str>,
+        body: &str,
     ) {
+        let (id, fields) = (d.id, d.fields);
+        let [s, e, a, f, i, b] = DEAD_LETTER_FIELDS;
         let extra = [
-            ("runr-status", status.to_string()),
-            ("runr-error", class.unwrap_or("").to_string()),
-            ("runr-attempts", attempts.to_string()),
-            (
-                "runr-failed-at",
-                runr_base::fmt::rfc3339_millis(SystemTime::now()),
-            ),
-            ("runr-id", id.to_string()),
+            (s, status.to_string()),
+            (e, class.unwrap_or("").to_string()),
+            (a, attempts.to_string()),
+            (f, runr_base::fmt::rfc3339_millis(SystemTime::now())),
+            (i, id.to_string()),
+            (b, body.to_string()),
         ];
         let moved = self
             .store
@@ -615,19 +698,41 @@ impl Ctx {
             .await;
         if moved.is_err() {
             // Refused for good (the consumer is stopping): the entry stays pending as it is.
-            self.counts.left_pending.fetch_add(1, Ordering::Relaxed);
+            self.left_pending();
         } else {
             self.counts.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            self.metrics.outcome(Outcome::DeadLettered);
             tracing::warn!(
                 id,
                 attempts,
                 status,
                 error = class.unwrap_or(""),
                 stream = %self.store.dead_letters,
+                trace_id = d.trace_id,
                 "dead-lettered"
             );
         }
     }
+}
+
+/// What a dead letter carries after the entry's own fields, in this order: the last status, the
+/// error class, the attempts made, when it was moved, the entry's id, the start of the last
+/// answer's body. `runr-queue redrive` strips them again.
+pub(crate) const DEAD_LETTER_FIELDS: [&str; 6] = [
+    "runr-status",
+    "runr-error",
+    "runr-attempts",
+    "runr-failed-at",
+    "runr-id",
+    "runr-body",
+];
+
+/// The entry being delivered, as the dead letter and the log lines name it.
+struct Delivery<'a> {
+    id: &'a str,
+    fields: &'a [(Vec<u8>, Vec<u8>)],
+    /// The delivery's trace, 32 hex digits.
+    trace_id: &'a str,
 }
 
 /// Removes an entry from the hand when its task ends, however it ends.
@@ -638,6 +743,8 @@ struct InHand<'a> {
 
 impl Drop for InHand<'_> {
     fn drop(&mut self) {
-        self.ctx.hand().remove(self.id);
+        let mut hand = self.ctx.hand();
+        hand.remove(self.id);
+        self.ctx.metrics.set_in_hand(hand.len());
     }
 }

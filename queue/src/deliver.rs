@@ -19,8 +19,11 @@ use crate::answer::Answer;
 use crate::config::Target;
 use crate::event;
 
-/// Bytes of an answer's body kept for the log line.
-const SNIPPET: usize = 256;
+/// Bytes of an answer's body kept: the dead letter's `runr-body` (the log line shows less,
+/// [`LOG_SNIPPET`]).
+pub(crate) const SNIPPET: usize = 1024;
+/// Bytes of an answer's body a log line shows.
+pub(crate) const LOG_SNIPPET: usize = 256;
 /// Bytes of an answer's body read (and thrown away) so the connection can carry the next
 /// event; past this the connection is closed instead.
 const DRAIN_LIMIT: usize = 1 << 20;
@@ -38,6 +41,10 @@ pub(crate) struct Event<'a> {
     pub attempt: u32,
     /// The entry's fields as JSON.
     pub body: Bytes,
+    /// This attempt's W3C `traceparent`.
+    pub traceparent: String,
+    /// The producer's `tracestate`, with a continued trace.
+    pub tracestate: Option<&'a str>,
 }
 
 /// How one delivery went.
@@ -122,9 +129,9 @@ impl Http {
     }
 
     /// Reads the rest of an answer, at most [`DRAIN_LIMIT`] bytes within [`BODY_WAIT`], and
-    /// returns its first bytes for the log line; the connection goes back to the pool only when
-    /// the body was read to its end.
-    pub(crate) async fn finish(&self, body: AnswerBody) -> String {
+    /// returns its first [`SNIPPET`] bytes as text ([`text_prefix`]), or why it was not read; the
+    /// connection goes back to the pool only when the body was read to its end.
+    pub(crate) async fn finish(&self, body: AnswerBody) -> Result<String, String> {
         let AnswerBody { conn, body } = body;
         match tokio::time::timeout(BODY_WAIT, drain(body)).await {
             Ok(Ok(snippet)) => {
@@ -132,13 +139,13 @@ impl Http {
                 if idle.len() < self.max_idle && !conn.send.is_closed() {
                     idle.push(conn);
                 }
-                snippet
+                Ok(text_prefix(&snippet, SNIPPET))
             }
-            Ok(Err(why)) => format!("<body not read: {why}>"),
-            Err(_) => format!(
+            Ok(Err(why)) => Err(format!("<body not read: {why}>")),
+            Err(_) => Err(format!(
                 "<body not read: not complete within {}>",
                 runr_base::env::display_duration(BODY_WAIT)
-            ),
+            )),
         }
     }
 
@@ -211,6 +218,10 @@ impl Http {
         put("ce-id", event.id);
         put("ce-time", event.time);
         put(event::ATTEMPT_HEADER, &event.attempt.to_string());
+        put(crate::trace::TRACEPARENT, &event.traceparent);
+        if let Some(state) = event.tracestate {
+            put(crate::trace::TRACESTATE, state);
+        }
         put(header::CONTENT_TYPE.as_str(), event::CONTENT_TYPE);
         put(
             header::CONTENT_LENGTH.as_str(),
@@ -224,9 +235,49 @@ impl Http {
     }
 }
 
-/// Reads a body to its end (up to [`DRAIN_LIMIT`]) and returns its first bytes; `Err` when it
-/// failed or was too long, and the connection must not be reused.
-async fn drain(mut body: hyper::body::Incoming) -> Result<String, String> {
+/// At most `max` bytes of `bytes` as text: valid UTF-8 always (an invalid sequence becomes
+/// U+FFFD), a character cut by the bound left out rather than half kept, and never more than
+/// `max` bytes once replacements are counted.
+pub(crate) fn text_prefix(bytes: &[u8], max: usize) -> String {
+    let mut cut = &bytes[..bytes.len().min(max)];
+    if cut.len() < bytes.len() {
+        // A sequence cut by the bound: its lead byte is among the last three.
+        for back in 1..=cut.len().min(3) {
+            let b = cut[cut.len() - back];
+            if b & 0xC0 == 0x80 {
+                continue;
+            }
+            let want = match b {
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF7 => 4,
+                _ => 1,
+            };
+            if want > back {
+                cut = &cut[..cut.len() - back];
+            }
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(cut);
+    shorten(&text, max).to_string()
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+pub(crate) fn shorten(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut i = max;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    &s[..i]
+}
+
+/// Reads a body to its end (up to [`DRAIN_LIMIT`]) and returns its first [`SNIPPET`] bytes;
+/// `Err` when it failed or was too long, and the connection must not be reused.
+async fn drain(mut body: hyper::body::Incoming) -> Result<Vec<u8>, String> {
     let mut snippet = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
@@ -236,9 +287,50 @@ async fn drain(mut body: hyper::body::Incoming) -> Result<String, String> {
             if total > DRAIN_LIMIT {
                 return Err(format!("longer than {DRAIN_LIMIT} bytes"));
             }
-            let room = SNIPPET.saturating_sub(snippet.len());
+            // One byte past the bound: text_prefix then knows whether a character was cut.
+            let room = (SNIPPET + 1).saturating_sub(snippet.len());
             snippet.extend_from_slice(&data[..data.len().min(room)]);
         }
     }
-    Ok(String::from_utf8_lossy(&snippet).into_owned())
+    Ok(snippet)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn prefixes_cut_at_a_character() {
+        assert_eq!(text_prefix(b"hello", 1024), "hello");
+        assert_eq!(text_prefix(b"hello", 3), "hel");
+        // "é" is two bytes: cut in its middle, it is left out.
+        assert_eq!(text_prefix("aé".as_bytes(), 2), "a");
+        assert_eq!(text_prefix("aé".as_bytes(), 3), "aé");
+        assert_eq!(text_prefix("a€".as_bytes(), 3), "a");
+        assert_eq!(text_prefix("😀".as_bytes(), 3), "");
+        // Invalid bytes become U+FFFD, within the bound.
+        assert_eq!(text_prefix(b"a\xffb", 1024), "a\u{fffd}b");
+        assert_eq!(text_prefix(b"\xff\xff", 4), "\u{fffd}");
+    }
+
+    proptest! {
+        /// Whatever the bytes: valid UTF-8 (a `String`), at most the bound, and for a valid
+        /// body exactly its longest prefix that ends at a character.
+        #[test]
+        fn any_body(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in 0usize..70) {
+            let t = text_prefix(&bytes, max);
+            prop_assert!(t.len() <= max);
+            if let Ok(s) = std::str::from_utf8(&bytes) {
+                prop_assert_eq!(t.as_str(), shorten(s, max));
+            }
+        }
+
+        #[test]
+        fn any_text(s in "\\PC{0,40}", max in 0usize..100) {
+            let t = text_prefix(s.as_bytes(), max);
+            prop_assert!(s.starts_with(&t));
+            prop_assert_eq!(t.as_str(), shorten(&s, max));
+        }
+    }
 }

@@ -26,3 +26,13 @@ pub fn retry_after(value: &[u8], now: SystemTime) -> (Option<Duration>, Duration
 pub fn error_class(value: &[u8]) -> Option<String> {
     crate::answer::parse_error_class(value)
 }
+
+/// A `traceparent` field or header (W3C level 1): trace id, parent span id and flags.
+pub fn traceparent(value: &[u8]) -> Option<([u8; 16], [u8; 8], u8)> {
+    crate::trace::parse_traceparent(value).map(|p| (p.trace_id, p.span_id, p.flags))
+}
+
+/// The `traceparent` an attempt of an entry with `fields` sends.
+pub fn attempt_traceparent(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
+    crate::trace::Trace::of_entry(fields).attempt()
+}

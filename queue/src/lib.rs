@@ -10,9 +10,13 @@
 //! - `backoff`: the wait before each retry;
 //! - `store`: the Redis commands, the two connections, waiting out outages;
 //! - `deliver`: the HTTP/1.1 client and its keep-alive pool;
-//! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand.
+//! - `trace`: the W3C `traceparent` of every attempt (the producer's trace continued);
+//! - `metrics`: `/metrics` and `/healthz` on `RUNR_QUEUE_METRICS_PORT`;
+//! - `consumer`: the reader (and claims), the heartbeat and one task per entry in hand;
+//! - [`admin`]: the operator's subcommands (`create-group`, `redrive`).
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub(crate) mod answer;
 pub(crate) mod backoff;
 pub mod config;
@@ -21,8 +25,10 @@ pub(crate) mod deliver;
 pub(crate) mod event;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+pub(crate) mod metrics;
 pub(crate) mod roots;
 pub(crate) mod store;
+pub(crate) mod trace;
 
 use std::process::ExitCode;
 
@@ -82,9 +88,14 @@ pub fn usage() -> String {
         "Reads a Redis stream as a consumer group member and delivers every entry to \
          RUNR_QUEUE_TARGET as a CloudEvent (binary mode); 2xx acknowledges, anything else is \
          retried with backoff, then moved to <stream>-dlq.\n\
-         Usage: runr-queue [run | version | help]\n\
+         Usage: runr-queue [run | create-group | redrive … | version | help]\n\
+         create-group: creates the group at RUNR_QUEUE_START unless it exists (needs only \
+         RUNR_QUEUE_REDIS_URL, RUNR_QUEUE_STREAM, RUNR_QUEUE_GROUP).\n\
+         {}: moves dead letters back to the stream (each in one MULTI/EXEC) and prints how \
+         many; --only lists runr-error classes and runr-status values.\n\
          Exit status: 0 after SIGTERM/SIGINT, 1 when Redis refuses us for good, 2 for bad \
          configuration.\n\n{}",
+        admin::REDRIVE_USAGE,
         runr_base::env::help(&[config::VARS])
     )
 }

@@ -272,6 +272,12 @@ pub(crate) struct Store {
     pub group: String,
     pub consumer: String,
     pub dead_letters: String,
+    /// `MAXLEN ~ n` of every dead letter's `XADD`.
+    dead_letter_maxlen: Option<u64>,
+    /// Where a group created at start begins ([`Config::start`]).
+    start: String,
+    /// The newest entry id this consumer read or claimed: where a lost group is created again.
+    last_seen: Mutex<Option<(u64, u64)>>,
     pub health: Health,
     /// Set once by the first fatal error; the consumer stops on it.
     fatal: tokio::sync::watch::Sender<Option<Refusal>>,
@@ -294,7 +300,12 @@ impl Store {
                 roots.extend_from_slice(ca);
             }
             let certs = redis::TlsCertificates {
-                client_tls: None,
+                client_tls: config.redis_client.as_ref().map(|(cert, key)| {
+                    redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }
+                }),
                 root_cert: Some(roots),
             };
             redis::Client::build_with_tls(config.redis.secret(), certs)
@@ -323,6 +334,9 @@ impl Store {
             group: config.group.clone(),
             consumer: config.consumer.clone(),
             dead_letters: config.dead_letter_stream(),
+            dead_letter_maxlen: config.dead_letter_maxlen,
+            start: config.start.clone(),
+            last_seen: Mutex::new(None),
             health: Health::default(),
             fatal,
         })
@@ -440,9 +454,9 @@ impl Store {
             match op().await {
                 Ok(v) => return Ok(v),
                 Err(StoreError::Fatal(m)) => return Err(m),
-                Err(StoreError::NoGroup) => match self.create_group().await {
-                    Ok(()) => {
-                        self.log_recreated();
+                Err(StoreError::NoGroup) => match self.create_group_again().await {
+                    Ok(at) => {
+                        self.log_recreated(&at);
                         continue;
                     }
                     Err(StoreError::Fatal(m)) => return Err(m),
@@ -464,17 +478,40 @@ impl Store {
 
     /// The group again, after an operation found it gone.
     pub(crate) async fn recreate_group(&self) -> Result<(), Refusal> {
-        self.retry(|| self.create_group()).await?;
-        self.log_recreated();
+        let at = self.retry(|| self.create_group_again()).await?;
+        self.log_recreated(&at);
         Ok(())
     }
 
-    fn log_recreated(&self) {
+    fn log_recreated(&self, at: &str) {
         tracing::warn!(
             stream = %self.stream,
             group = %self.group,
-            "the stream or its consumer group was gone: created it again at $"
+            at,
+            "the stream or its consumer group was gone: created it again after the last entry this consumer saw"
         );
+    }
+
+    /// Notes the entries just read or claimed: the newest id is where a lost group starts again.
+    fn saw(&self, entries: &[Entry]) {
+        let newest = entries.iter().filter_map(|e| parse_id(&e.id)).max();
+        if let Some(id) = newest {
+            let mut last = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_none_or(|l| id > l) {
+                *last = Some(id);
+            }
+        }
+    }
+
+    /// Where a lost group is created again: after the newest entry this consumer saw (what a
+    /// Redis that lost its data gets from producers afterwards has newer ids), or `0` when it saw
+    /// none (everything in the stream is new to it); never `$`, which would skip what producers
+    /// wrote between the loss and now.
+    pub(crate) fn recreate_at(&self) -> String {
+        match *self.last_seen.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((ms, seq)) => format!("{ms}-{seq}"),
+            None => "0".to_string(),
+        }
     }
 
     /// `command` on the stream.
@@ -487,13 +524,24 @@ impl Store {
 
     // === commands ===
 
-    /// `XGROUP CREATE <stream> <group> $ MKSTREAM`; an existing group is fine.
-    pub(crate) async fn create_group(&self) -> Result<(), StoreError> {
+    /// The group at `RUNR_QUEUE_START` when it is missing; `true` when it was created now.
+    pub(crate) async fn create_group(&self) -> Result<bool, StoreError> {
+        self.create_group_at(&self.start).await
+    }
+
+    /// The group again where this consumer left off ([`Store::recreate_at`]); that id.
+    async fn create_group_again(&self) -> Result<String, StoreError> {
+        let at = self.recreate_at();
+        self.create_group_at(&at).await.map(|_| at)
+    }
+
+    /// `XGROUP CREATE <stream> <group> <at> MKSTREAM`; an existing group is fine (`false`).
+    async fn create_group_at(&self, at: &str) -> Result<bool, StoreError> {
         let mut cmd = redis::cmd("XGROUP");
         cmd.arg("CREATE")
             .arg(&self.stream)
             .arg(&self.group)
-            .arg("$")
+            .arg(at)
             .arg("MKSTREAM");
         let op = Op {
             command: "XGROUP CREATE",
@@ -504,14 +552,43 @@ impl Store {
             move |c| {
                 Box::pin(async move {
                     match cmd.query_async::<Value>(c).await {
-                        Err(e) if e.code() == Some("BUSYGROUP") => Ok(Value::Okay),
-                        other => other,
+                        Err(e) if e.code() == Some("BUSYGROUP") => Ok(false),
+                        Err(e) => Err(e),
+                        Ok(_) => Ok(true),
                     }
                 })
             },
         )
         .await
-        .map(drop)
+    }
+
+    /// Whether any entry is pending on this consumer (`XPENDING … - + 1 <consumer>`).
+    pub(crate) async fn holds_pending(&self) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg("-")
+            .arg("+")
+            .arg(1)
+            .arg(&self.consumer);
+        let reply = self.query(self.op("XPENDING"), cmd).await?;
+        match reply {
+            Value::Array(rows) => Ok(!rows.is_empty()),
+            _ => Err(StoreError::reply("XPENDING", "not an array")),
+        }
+    }
+
+    /// `XGROUP DELCONSUMER`: this consumer leaves the group (it must hold nothing pending: the
+    /// command drops the consumer's pending entries with it).
+    pub(crate) async fn delete_consumer(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("DELCONSUMER")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer);
+        self.query(self.op("XGROUP DELCONSUMER"), cmd)
+            .await
+            .map(drop)
     }
 
     /// The pending entries' delivery counts (`None`: not pending any more), one round trip.
@@ -562,7 +639,9 @@ impl Store {
             .arg("COUNT")
             .arg(count);
         let reply = self.query(self.op("XAUTOCLAIM"), cmd).await?;
-        parse_autoclaim(reply)
+        let claimed = parse_autoclaim(reply)?;
+        self.saw(&claimed.1);
+        Ok(claimed)
     }
 
     /// Sets an entry's delivery count to `attempt` before that attempt, and makes it ours and
@@ -612,7 +691,12 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let add = pipe.cmd("XADD").arg(&self.dead_letters).arg("*");
+        let add = pipe.cmd("XADD").arg(&self.dead_letters);
+        if let Some(n) = self.dead_letter_maxlen {
+            // `~`: Redis trims whole macro nodes, cheaply, when it can (at least n stay).
+            add.arg("MAXLEN").arg("~").arg(n);
+        }
+        add.arg("*");
         for (name, value) in fields {
             add.arg(name).arg(value);
         }
@@ -626,6 +710,98 @@ impl Store {
                 key: &self.dead_letters,
             },
             self.op("XACK"),
+        ];
+        self.run(
+            |e| StoreError::from_transaction(e, &ops),
+            move |c| Box::pin(async move { pipe.query_async::<Value>(c).await }),
+        )
+        .await
+        .map(drop)
+    }
+
+    // === what the metrics read ===
+
+    /// `PING` on the command connection, for `/healthz`. Its failure is not noted as an outage
+    /// (a probe is not the consumer's work), but connecting is.
+    pub(crate) async fn ping(&self) -> Result<(), String> {
+        let (_, mut conn) = self.connection().await.map_err(|e| e.to_string())?;
+        redis::cmd("PING")
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| error_text(&e))
+    }
+
+    /// The group's lag and pending count (`XINFO GROUPS`) and its oldest pending entry
+    /// (`XPENDING` summary), one round trip. Errors are only returned, never noted: an ACL
+    /// without `XINFO` must not stop the consumer.
+    pub(crate) async fn group_figures(&self) -> Result<crate::metrics::GroupFigures, String> {
+        let (_, mut conn) = self.connection().await.map_err(|e| e.to_string())?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("XINFO").arg("GROUPS").arg(&self.stream);
+        pipe.cmd("XPENDING").arg(&self.stream).arg(&self.group);
+        let replies: Vec<Value> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error_text(&e))?;
+        let [groups, pending] = <[Value; 2]>::try_from(replies)
+            .map_err(|_| "unexpected reply: wrong number of replies".to_string())?;
+        parse_figures(&groups, &pending, &self.group)
+    }
+
+    // === dead letters back to the stream (`runr-queue redrive`) ===
+
+    /// `XRANGE <key> <start> <end> COUNT <count>`.
+    pub(crate) async fn range(
+        &self,
+        key: &str,
+        start: &str,
+        end: &str,
+        count: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(key).arg(start).arg(end).arg("COUNT").arg(count);
+        let op = Op {
+            command: "XRANGE",
+            key,
+        };
+        parse_entries(self.query(op, cmd).await?)
+    }
+
+    /// The newest entry id of `key` (`XREVRANGE <key> + - COUNT 1`), `None` when it is empty.
+    pub(crate) async fn newest(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(key).arg("+").arg("-").arg("COUNT").arg(1);
+        let op = Op {
+            command: "XREVRANGE",
+            key,
+        };
+        Ok(parse_entries(self.query(op, cmd).await?)?
+            .into_iter()
+            .next()
+            .map(|e| e.id))
+    }
+
+    /// `MULTI; XDEL <dead letters> <id>; XADD <stream> * <fields>; EXEC`: the dead letter moves
+    /// back as a new entry, both or neither (a crash in between leaves it where it was).
+    pub(crate) async fn redrive(
+        &self,
+        id: &str,
+        fields: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("XDEL").arg(&self.dead_letters).arg(id);
+        let add = pipe.cmd("XADD").arg(&self.stream).arg("*");
+        for (name, value) in fields {
+            add.arg(name).arg(value);
+        }
+        let ops = [
+            Op {
+                command: "XDEL",
+                key: &self.dead_letters,
+            },
+            self.op("XADD"),
         ];
         self.run(
             |e| StoreError::from_transaction(e, &ops),
@@ -704,7 +880,9 @@ impl Store {
         match cmd.query_async::<Value>(&mut reader.conn).await {
             Ok(v) => {
                 self.health.answered();
-                parse_read(v)
+                let entries = parse_read(v)?;
+                self.saw(&entries);
+                Ok(entries)
             }
             Err(e) => {
                 if breaks_connection(&e) {
@@ -876,6 +1054,67 @@ fn pending_count(v: &Value) -> Result<Option<u32>, StoreError> {
     }
 }
 
+/// A map reply (RESP3) or a flat `[name, value, …]` array (RESP2) as pairs.
+fn pairs(v: &Value) -> Option<Vec<(&[u8], &Value)>> {
+    match v {
+        Value::Map(m) => m.iter().map(|(k, v)| Some((as_bytes(k)?, v))).collect(),
+        Value::Array(flat) if flat.len() % 2 == 0 => flat
+            .chunks(2)
+            .map(|kv| Some((as_bytes(&kv[0])?, &kv[1])))
+            .collect(),
+        _ => None,
+    }
+}
+
+/// `XINFO GROUPS` (one map per group) and the `XPENDING` summary (`[count, smallest id, greatest
+/// id, consumers]`) as the metrics' figures for `group`.
+fn parse_figures(
+    groups: &Value,
+    pending: &Value,
+    group: &str,
+) -> Result<crate::metrics::GroupFigures, String> {
+    let bad = |why: &str| format!("unexpected reply: {why}");
+    let Value::Array(groups) = groups else {
+        return Err(bad("XINFO GROUPS is not an array"));
+    };
+    let info = groups
+        .iter()
+        .filter_map(pairs)
+        .find(|p| {
+            p.iter()
+                .any(|(k, v)| *k == b"name" && as_bytes(v) == Some(group.as_bytes()))
+        })
+        .ok_or_else(|| format!("the group {group} does not exist"))?;
+    let int = |name: &[u8]| {
+        info.iter()
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| match v {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+    };
+    let count = int(b"pending").ok_or_else(|| bad("no pending count"))?;
+    let oldest = match pending {
+        Value::Array(parts) => parts
+            .get(1)
+            .and_then(as_text)
+            .and_then(|id| parse_id(&id))
+            .map(|(ms, _)| ms),
+        _ => return Err(bad("XPENDING is not an array")),
+    };
+    Ok(crate::metrics::GroupFigures {
+        lag: int(b"lag"),
+        pending: count,
+        oldest_pending_ms: oldest,
+    })
+}
+
+/// `<ms>-<seq>` as numbers, to compare ids.
+pub(crate) fn parse_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
 fn parse_ids(v: &Value, command: &str) -> Result<Vec<String>, StoreError> {
     let Value::Array(items) = v else {
         return Err(StoreError::reply(command, "not an array"));
@@ -945,6 +1184,47 @@ mod tests {
         ] {
             assert!(parse_read(bad).is_err());
         }
+    }
+
+    #[test]
+    fn group_figures() {
+        let group = |name: &str, lag: Value| {
+            Value::Array(vec![
+                b("name"),
+                b(name),
+                b("consumers"),
+                Value::Int(1),
+                b("pending"),
+                Value::Int(3),
+                b("last-delivered-id"),
+                b("9-0"),
+                b("lag"),
+                lag,
+            ])
+        };
+        let groups = Value::Array(vec![
+            group("other", Value::Int(99)),
+            group("g", Value::Int(4)),
+        ]);
+        let pending = Value::Array(vec![Value::Int(3), b("1500-0"), b("1600-2"), Value::Nil]);
+        let f = parse_figures(&groups, &pending, "g").unwrap();
+        assert_eq!(
+            (f.lag, f.pending, f.oldest_pending_ms),
+            (Some(4), 3, Some(1500))
+        );
+        let none = Value::Array(vec![Value::Int(0), Value::Nil, Value::Nil, Value::Nil]);
+        let groups = Value::Array(vec![group("g", Value::Nil)]);
+        let f = parse_figures(&groups, &none, "g").unwrap();
+        assert_eq!((f.lag, f.oldest_pending_ms), (None, None));
+        assert!(parse_figures(&groups, &none, "missing")
+            .unwrap_err()
+            .contains("does not exist"));
+        let resp3 = Value::Array(vec![Value::Map(vec![
+            (b("name"), b("g")),
+            (b("pending"), Value::Int(0)),
+            (b("lag"), Value::Int(0)),
+        ])]);
+        assert_eq!(parse_figures(&resp3, &none, "g").unwrap().lag, Some(0));
     }
 
     #[test]

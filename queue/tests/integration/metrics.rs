@@ -1,0 +1,236 @@
+//! `/metrics` and `/healthz` on `RUNR_QUEUE_METRICS_PORT`: the text read back with Prometheus'
+//! own parser (prometheus_client, as the wrapper's tests do), every count checked against what
+//! the test made happen, the group's figures read from Redis, and the health following Redis.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use runr_testkit::redis::Redis;
+use runr_testkit::wait_for;
+use serde_json::Value;
+
+use crate::support::*;
+
+/// One scrape parsed by prometheus_client: samples by name and labels, and each family's type.
+struct Scrape {
+    samples: BTreeMap<String, f64>,
+    types: BTreeMap<String, String>,
+    text: String,
+}
+
+impl Scrape {
+    fn get(&self, series: &str) -> Option<f64> {
+        self.samples.get(series).copied()
+    }
+
+    fn value(&self, series: &str) -> f64 {
+        self.get(series)
+            .unwrap_or_else(|| panic!("no {series} in\n{}", self.text))
+    }
+}
+
+fn scrape(addr: SocketAddr) -> Scrape {
+    let r = runr_testkit::http::get(addr, "/metrics");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    // The wrapper's fixture: the official client's parser, samples as JSON.
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../wrapper/tests/fixtures/prom_parse.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    child.stdin.take().unwrap().write_all(&r.body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = r.text();
+    assert!(
+        out.status.success(),
+        "prometheus_client could not parse:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut samples = BTreeMap::new();
+    for s in parsed["samples"].as_array().unwrap() {
+        let labels: Vec<String> = s[1]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap()))
+            .collect();
+        let name = if labels.is_empty() {
+            s[0].as_str().unwrap().to_string()
+        } else {
+            format!("{}{{{}}}", s[0].as_str().unwrap(), labels.join(","))
+        };
+        samples.insert(name, s[2].as_f64().unwrap());
+    }
+    let types = parsed["types"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect();
+    Scrape {
+        samples,
+        types,
+        text,
+    }
+}
+
+fn outcome(s: &Scrape, o: &str) -> f64 {
+    s.value(&format!("runr_queue_deliveries_total{{outcome=\"{o}\"}}"))
+}
+
+#[test]
+fn metrics_count_every_outcome_and_read_the_group_from_redis() {
+    let dir = tmp();
+    let mut redis = Redis::start();
+    let gate = Gate::closed(dir.path(), "held");
+    // Even `n`: the first attempt fails (500), the retry succeeds.
+    let receiver = Receiver::start(dir.path(), &["--hold-while", gate.arg(), "--fail-mod", "2"]);
+    let mut c = Consumer::start(
+        dir.path(),
+        "c1",
+        &with(
+            base_env(&redis, &receiver.url(), "c1"),
+            &[
+                ("RUNR_QUEUE_METRICS_PORT", "0"),
+                ("RUNR_QUEUE_CONCURRENCY", "2"),
+                ("RUNR_QUEUE_BACKOFF", "10ms"),
+                ("RUNR_QUEUE_MAX_BODY", "1KiB"),
+            ],
+        ),
+    );
+    let line = c.lines_with("serving metrics").remove(0);
+    let addr: SocketAddr = field(&line, "metrics_addr").unwrap().parse().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], addr.port()));
+    let health = runr_testkit::http::get(addr, "/healthz");
+    assert_eq!(
+        (health.status, health.text()),
+        (200, "redis answers\n".into())
+    );
+
+    // Five entries, two of them held in delivery: in hand 2, pending 2, lag 3.
+    let mut conn = redis.conn();
+    let held: Vec<String> = [1, 3, 5, 7, 9]
+        .iter()
+        .map(|n| conn.xadd(STREAM, &[("n", &n.to_string())]))
+        .collect();
+    receiver.wait_started(2);
+    let s = wait_for("the group's figures with two entries held", LONG, || {
+        let s = scrape(addr);
+        (s.get("runr_queue_group_lag") == Some(3.0)
+            && s.get("runr_queue_group_pending") == Some(2.0))
+        .then_some(s)
+    });
+    assert_eq!(s.value("runr_queue_entries_in_hand"), 2.0);
+    assert_eq!(s.value("runr_queue_redis_up"), 1.0);
+    assert!(s.value("runr_queue_oldest_pending_age_seconds") >= 0.0);
+    assert_eq!(s.types["runr_queue_delivery_duration_seconds"], "histogram");
+    assert_eq!(s.types["runr_queue_deliveries"], "counter");
+    assert_eq!(s.types["runr_queue_group_lag"], "gauge");
+    gate.open();
+    wait_all_acked(&redis, &receiver, &held);
+
+    // Three that fail once, and one too large to deliver.
+    let mut ids: Vec<String> = [0, 2, 4]
+        .iter()
+        .map(|n| conn.xadd(STREAM, &[("n", &n.to_string())]))
+        .collect();
+    let big = "b".repeat(2000);
+    conn.xadd(STREAM, &[("n", "11"), ("blob", &big)]);
+    ids.extend(held);
+    wait_all_acked(&redis, &receiver, &ids);
+    wait_for("the dead letter", LONG, || {
+        (conn.cmd_str(&["XLEN", DLQ]).int() == 1).then_some(())
+    });
+    let s = wait_for("everything counted and the group drained", LONG, || {
+        let s = scrape(addr);
+        (outcome(&s, "acked") == 8.0
+            && outcome(&s, "dead_lettered") == 1.0
+            && s.get("runr_queue_group_pending") == Some(0.0)
+            && s.get("runr_queue_group_lag") == Some(0.0))
+        .then_some(s)
+    });
+    assert_eq!(outcome(&s, "retried"), 3.0, "{}", s.text);
+    assert_eq!(outcome(&s, "abandoned"), 0.0);
+    // 5 first attempts, then 3 failing and 3 retries; the big entry was never sent.
+    assert_eq!(s.value("runr_queue_attempts_total"), 11.0);
+    assert_eq!(s.value("runr_queue_delivery_duration_seconds_count"), 11.0);
+    assert_eq!(
+        s.value("runr_queue_delivery_duration_seconds_bucket{le=\"+Inf\"}"),
+        11.0
+    );
+    assert!(s.value("runr_queue_delivery_duration_seconds_sum") > 0.0);
+    assert_eq!(s.value("runr_queue_entries_in_hand"), 0.0);
+    assert_eq!(s.value("runr_queue_oldest_pending_age_seconds"), 0.0);
+    assert_eq!(s.value("runr_queue_redis_outages_total"), 0.0);
+
+    // Wrong method, unknown path.
+    let r = runr_testkit::http::request(
+        addr,
+        "POST",
+        "/metrics",
+        &[],
+        runr_testkit::http::Body::None,
+    );
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
+    assert_eq!(runr_testkit::http::get(addr, "/").status, 404);
+
+    // Redis gone: the health says so, the metrics still answer.
+    redis.stop();
+    wait_for("/healthz to say 503", LONG, || {
+        let r = runr_testkit::http::get(addr, "/healthz");
+        (r.status == 503).then_some(r)
+    });
+    let s = wait_for("a poll that Redis did not answer", LONG, || {
+        let s = scrape(addr);
+        (s.value("runr_queue_redis_up") == 0.0).then_some(s)
+    });
+    assert!(s.value("runr_queue_polls_failed_total") >= 1.0);
+    let status = c.terminate(LONG);
+    assert!(status.success(), "{status}: {}", c.log());
+}
+
+#[test]
+fn no_metrics_port_by_default() {
+    let dir = tmp();
+    let redis = Redis::start();
+    let receiver = Receiver::start(dir.path(), &[]);
+    let mut c = Consumer::start(dir.path(), "c1", &base_env(&redis, &receiver.url(), "c1"));
+    assert!(!c.log().contains("serving metrics"), "{}", c.log());
+    c.stop_cleanly();
+}
+
+#[test]
+fn a_metrics_port_in_use_is_exit_1_naming_it() {
+    let dir = tmp();
+    let redis = Redis::start();
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut c = Consumer::spawn(
+        dir.path(),
+        "c1",
+        &with(
+            base_env(&redis, "http://127.0.0.1:9/", "c1"),
+            &[("RUNR_QUEUE_METRICS_PORT", &port)],
+        ),
+    );
+    let status = c.child.wait_timeout(LONG);
+    assert_eq!(status.code(), Some(1), "{}", c.log());
+    assert!(
+        c.log()
+            .contains(&format!("cannot listen on RUNR_QUEUE_METRICS_PORT {port}")),
+        "{}",
+        c.log()
+    );
+}
