@@ -66,6 +66,17 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Opti
     }
 }
 
+/// True when nothing accepts connections on loopback `addr`. A connect to a free port in the
+/// ephemeral range can pick that same port as its source and connect to itself (TCP's
+/// simultaneous open), which a busy machine making many connections hits now and then: such a
+/// connection is not a listener.
+pub fn nothing_listens(addr: SocketAddr) -> bool {
+    match TcpStream::connect(addr) {
+        Err(_) => true,
+        Ok(s) => s.local_addr().ok() == s.peer_addr().ok(),
+    }
+}
+
 /// Waits until something accepts TCP connections on `addr`.
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
     wait_for(&format!("a listener on {addr}"), timeout, || {

@@ -141,7 +141,7 @@ fn sigterm_drains_in_flight_requests_then_exits_0() {
     let status = w.child.wait_timeout(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", w.log());
     assert!(
-        std::net::TcpStream::connect(addr).is_err(),
+        runr_testkit::nothing_listens(addr),
         "still accepting after SIGTERM"
     );
     let log = w.log();

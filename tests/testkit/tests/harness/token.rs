@@ -619,7 +619,7 @@ fn token_service_and_registry_stop_and_restart() {
     assert!(!reg.tokens().is_running());
     // The registry still challenges; the realm refuses connections.
     assert_eq!(runr_testkit::http_get_status(reg.addr(), "/v2/"), Some(401));
-    assert!(std::net::TcpStream::connect(reg.token_addr()).is_err());
+    assert!(runr_testkit::nothing_listens(reg.token_addr()));
     let down = push(&image, &reg.host(), "app", &args);
     assert!(!down.success());
     eprintln!(
