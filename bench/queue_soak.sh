@@ -9,16 +9,25 @@
 #              new name (its entries must be claimed by the others after RUNR_QUEUE_CLAIM_IDLE)
 #   redis      stopped (SIGTERM) and started again every RESTART_EVERY seconds (append-only file,
 #              fsync always: what it acknowledged survives)
+#   redrive    during the first half the producer also XADDs POISON_RATE "poison" entries a second,
+#              which the handler fails every time until it is "fixed": they are dead-lettered after
+#              RUNR_QUEUE_MAX_ATTEMPTS. At two thirds of the run the handler is fixed and
+#              `runr-queue redrive` runs while the load, the kills and the restarts go on; after the
+#              drain a second redrive moves what was dead-lettered meanwhile, and the soak drains
+#              again. POISON_RATE=0 leaves the redrive out.
 # Afterwards it waits until the group has read and acknowledged everything, then reports every
 # entry of the stream that was neither processed nor dead-lettered (lost: must be 0), duplicates,
-# dead letters, and the steady consumer's RSS and fds. Exits 1 when anything was lost.
+# dead letters, and the steady consumer's RSS and fds. An entry is its `msg` field (a redriven entry
+# is a new stream entry with the same fields), so a poison entry counts as processed when its
+# redriven copy was. Exits 1 when anything was lost or a redrive failed.
 #
-#   bash bench/queue_soak.sh     # DURATION=180 RATE=40 KILL_EVERY=25 RESTART_EVERY=45
+#   bash bench/queue_soak.sh     # DURATION=180 RATE=40 POISON_RATE=2 KILL_EVERY=25 RESTART_EVERY=45
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-180}
 RATE=${RATE:-40}
+POISON_RATE=${POISON_RATE:-2}
 KILL_EVERY=${KILL_EVERY:-25}
 RESTART_EVERY=${RESTART_EVERY:-45}
 TARGET=x86_64-unknown-linux-musl
@@ -65,6 +74,8 @@ cat >"$OUT/handler.sh" <<EOF
 #!/usr/bin/env bash
 set -euo pipefail
 body=\$(cat)
+# A poison entry fails every attempt until the operator's "fix".
+if [[ \$body == *poison-* ]] && [ ! -e "$OUT/fixed" ]; then echo "poison, not fixed yet" >&2; exit 1; fi
 r=\$((RANDOM % 100))
 if [ \$r -lt 20 ]; then echo "failing on purpose" >&2; exit 1; fi
 if [ \$r -ge 95 ]; then sleep 2; fi
@@ -87,6 +98,10 @@ consumer() { # name
   disown "$LAST_PID"
   PIDS+=("$LAST_PID")
 }
+redrive() { # output file: runs `runr-queue redrive` for every dead letter of soak-dlq
+  env RUNR_QUEUE_REDIS_URL="redis://127.0.0.1:$RPORT" RUNR_QUEUE_STREAM=soak RUNR_QUEUE_GROUP=soak-fn \
+    "$QUEUE" redrive >"$1" 2>"$1.log"
+}
 consumer steady
 STEADY=$LAST_PID
 consumer victim-0
@@ -103,10 +118,16 @@ SAMPLES=()
 # Producer: RATE entries a second, one redis-cli pipe per second; a second with Redis down
 # produces nothing (its XADDs fail, and nothing was written).
 (
-  end=$((SECONDS + DURATION)); i=0
+  end=$((SECONDS + DURATION)); poison_end=$((SECONDS + DURATION / 2)); i=0
   while [ $SECONDS -lt $end ]; do
-    for _ in $(seq "$RATE"); do printf 'XADD soak * n %d msg soak-%d\n' $i $i; i=$((i + 1)); done \
-      | redis-cli -p "$RPORT" >/dev/null 2>&1 || true
+    # The numbers are counted here, not in the pipe's subshell (whose counts would be lost).
+    poison=0
+    [ $SECONDS -lt $poison_end ] && poison=$POISON_RATE
+    {
+      for k in $(seq 0 $((RATE - 1))); do printf 'XADD soak * n %d msg soak-%d\n' $((i + k)) $((i + k)); done
+      for k in $(seq "$RATE" $((RATE + poison - 1))); do printf 'XADD soak * n %d msg poison-%d\n' $((i + k)) $((i + k)); done
+    } | redis-cli -p "$RPORT" >/dev/null 2>&1 || true
+    i=$((i + RATE + poison))
     sleep 1
   done
 ) &
@@ -115,6 +136,7 @@ PIDS+=("$PRODUCER")
 
 echo "soak: ${DURATION}s, $RATE entries/s, victim killed every ${KILL_EVERY}s, redis restarted every ${RESTART_EVERY}s ..." >&2
 start=$SECONDS; kills=0; restarts=0; next_kill=$KILL_EVERY; next_restart=$RESTART_EVERY; sampled_mid=0
+fix_at=$((DURATION * 2 / 3)); REDRIVE=""
 sleep 5
 sample start
 while [ $((SECONDS - start)) -lt "$DURATION" ]; do
@@ -134,10 +156,18 @@ while [ $((SECONDS - start)) -lt "$DURATION" ]; do
     next_restart=$((next_restart + RESTART_EVERY))
   fi
   if [ $sampled_mid = 0 ] && [ "$t" -ge $((DURATION / 2)) ]; then sample middle; sampled_mid=1; fi
+  if [ "$POISON_RATE" -gt 0 ] && [ -z "$REDRIVE" ] && [ "$t" -ge "$fix_at" ]; then
+    touch "$OUT/fixed"
+    redrive "$OUT/redrive-1.out" &
+    REDRIVE=$!
+    redrive_at=$t
+  fi
   kill -0 "$STEADY" || { echo "the steady consumer died:" >&2; tail -20 "$OUT/steady.log" >&2; exit 1; }
   sleep 1
 done
 wait "$PRODUCER" || true
+redrive_fail=0
+if [ -n "$REDRIVE" ]; then wait "$REDRIVE" || redrive_fail=1; fi
 
 echo "draining ..." >&2
 deadline=$((SECONDS + 180))
@@ -150,6 +180,11 @@ drained() {
   [ "$read" = "$len" ] && [ "$pending" = 0 ]
 }
 until drained || [ $SECONDS -ge $deadline ]; do sleep 1; done
+if [ -n "$REDRIVE" ]; then
+  # What was dead-lettered after the first redrive began (or while it ran), then drain again.
+  redrive "$OUT/redrive-2.out" || redrive_fail=1
+  until drained || [ $SECONDS -ge $deadline ]; do sleep 1; done
+fi
 sample end
 
 python3 - "$RPORT" "$OUT/processed.log" <<'EOF' >"$OUT/account.txt"
@@ -158,16 +193,24 @@ port, processed_log = sys.argv[1], sys.argv[2]
 def cli(*args):
     out = subprocess.run(["redis-cli", "-2", "-p", port, "--json", *args], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
-stream = [e[0] for e in cli("XRANGE", "soak", "-", "+")]
-dead = []
+# An entry is its msg: a redriven dead letter is a new stream entry with the same fields.
+msg_of = {}
+for id, flat in cli("XRANGE", "soak", "-", "+"):
+    msg_of[id] = dict(zip(flat[0::2], flat[1::2]))["msg"]
+entries = list(dict.fromkeys(msg_of.values()))
+redriven = len(msg_of) - len(entries)
+dead = set()
 for _, flat in cli("XRANGE", "soak-dlq", "-", "+"):
-    fields = dict(zip(flat[0::2], flat[1::2]))
-    dead.append(fields["runr-id"])
-done = collections.Counter(l.split()[0] for l in open(processed_log) if l.strip())
-lost = [i for i in stream if i not in done and i not in dead]
+    dead.add(dict(zip(flat[0::2], flat[1::2]))["msg"])
+done = collections.Counter(msg_of.get(l.split()[0], "?" + l.split()[0]) for l in open(processed_log) if l.strip())
+lost = [m for m in entries if m not in done and m not in dead]
 dup = sum(1 for c in done.values() if c > 1)
+poison = [m for m in entries if m.startswith("poison-")]
+poison_done = sum(1 for m in poison if m in done)
+unknown = sum(1 for m in done if m.startswith("?"))
 pending = cli("XPENDING", "soak", "soak-fn")[0]
-print(f"entries={len(stream)} processed={len(done)} duplicates={dup} dead_lettered={len(dead)} lost={len(lost)} pending={pending}")
+print(f"entries={len(entries)} processed={len(done)} duplicates={dup} dead_lettered={len(dead)} lost={len(lost)} pending={pending}")
+print(f"poison={len(poison)} poison_processed={poison_done} redriven_entries={redriven} processed_ids_not_in_stream={unknown}")
 if lost:
     print("lost: " + " ".join(lost[:20]))
 EOF
@@ -179,4 +222,9 @@ cat "$OUT/account.txt"
 echo "steady consumer:"
 printf '  %s\n' "${SAMPLES[@]}"
 echo "steady consumer's outage lines: $(grep -c 'redis is unavailable' "$OUT/steady.log" || true) (one per restart expected)"
-grep -q ' lost=0 pending=0$' "$OUT/account.txt"
+if [ -n "$REDRIVE" ]; then
+  echo "redrive at ${redrive_at}s (load running): $(cat "$OUT/redrive-1.out")"
+  echo "redrive after the drain: $(cat "$OUT/redrive-2.out")"
+  [ $redrive_fail = 0 ] || { echo "a redrive failed:" >&2; tail -5 "$OUT"/redrive-*.out.log >&2; }
+fi
+grep -q ' lost=0 pending=0$' "$OUT/account.txt" && [ $redrive_fail = 0 ]
