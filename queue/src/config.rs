@@ -242,6 +242,37 @@ pub struct RedisUrl {
     pub display: String,
     /// `rediss://`: TLS with the built-in roots.
     pub tls: bool,
+    /// `redis+sentinel://…`: the master of a service, as the sentinels name it.
+    pub sentinel: Option<SentinelUrl>,
+}
+
+/// The sentinel form: whom to ask, for which service, and how to log in to the master.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// The sentinels, `host` without brackets, port 26379 when not given.
+    pub nodes: Vec<(String, u16)>,
+    /// The service (`sentinel monitor <name> …`).
+    pub service: String,
+    /// `redis://[userinfo@]first-sentinel/db`: the credentials and database for the master, in
+    /// a URL redis-rs decodes (never log it).
+    master_login: String,
+}
+
+impl SentinelUrl {
+    /// The credentials and database the master is logged in to with, as a URL redis-rs reads
+    /// (its host is the first sentinel's and not used); never log it.
+    pub fn master_login(&self) -> &str {
+        &self.master_login
+    }
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelUrl")
+            .field("nodes", &self.nodes)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisUrl {
@@ -501,12 +532,18 @@ fn redis_url(env: &mut Env<'_>) -> Option<RedisUrl> {
 }
 
 const REDIS_FORMS: &str =
-    "expected redis://[user:password@]host:port[/db] or rediss://[user:password@]host:port[/db]";
+    "expected redis://[user:password@]host:port[/db], rediss://[user:password@]host:port[/db] or redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]";
+
+/// The port of a sentinel when the URL names none.
+const SENTINEL_PORT: u16 = 26379;
 
 /// `redis://[user:password@]host[:port][/db]` or `rediss://…`; redis-rs parses it once more when
 /// connecting, and must accept what this accepts. No reason quotes a part of the URL: in a URL
 /// that is not what the operator meant, any part may be a piece of the password.
 pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
+    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        return parse_sentinel_url(url, rest);
+    }
     let (tls, rest) = if let Some(rest) = url.strip_prefix("redis://") {
         (false, rest)
     } else if let Some(rest) = url.strip_prefix("rediss://") {
@@ -554,6 +591,76 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
         url: url.to_string(),
         display: redact(url),
         tls,
+        sentinel: None,
+    })
+}
+
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]` (the form of the
+/// Python `Redis-Sentinel-Url` package and of Prefect; redis-rs documents none and takes the
+/// sentinels' addresses as a list): the credentials and the database are the master's, the
+/// sentinels are asked without them.
+fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
+    let (userinfo, location) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        return Err(format!(
+            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
+        ));
+    }
+    if location.contains(['?', '#']) {
+        return Err(format!(
+            "no query (?…) or fragment (#…) in a sentinel URL: {REDIS_FORMS}"
+        ));
+    }
+    let (hosts, path) = location.split_once('/').unwrap_or((location, ""));
+    let mut nodes = Vec::new();
+    for node in hosts.split(',') {
+        let (host, port) = split_host_port(node)?;
+        if host.is_empty() {
+            return Err(format!("a sentinel without a host: {REDIS_FORMS}"));
+        }
+        let port = match port {
+            Some(p) => runr_base::env::parse_port(p)
+                .map_err(|_| format!("the port is not a number from 1 to 65535: {REDIS_FORMS}"))?,
+            None => SENTINEL_PORT,
+        };
+        nodes.push((host.to_string(), port));
+    }
+    let (service, db) = path.split_once('/').unwrap_or((path, ""));
+    if service.is_empty() || !service.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "no service name after the sentinels (visible ASCII): {REDIS_FORMS}"
+        ));
+    }
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!("the database is not a number: {REDIS_FORMS}"));
+    }
+    let (first_host, first_port) = &nodes[0];
+    let first = if first_host.contains(':') {
+        format!("[{first_host}]:{first_port}")
+    } else {
+        format!("{first_host}:{first_port}")
+    };
+    let master_login = format!(
+        "redis://{}{first}/{}",
+        userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+        if db.is_empty() { "0" } else { db },
+    );
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(master_login.as_str()) {
+        // Only the category: redis-rs's detail may quote the URL, password and all.
+        return Err(format!("not a Redis URL ({}): {REDIS_FORMS}", e.category()));
+    }
+    Ok(RedisUrl {
+        url: url.to_string(),
+        display: redact(url),
+        tls: false,
+        sentinel: Some(SentinelUrl {
+            nodes,
+            service: service.to_string(),
+            master_login,
+        }),
     })
 }
 
@@ -1273,10 +1380,17 @@ mod tests {
             host in prop_oneof![Just("localhost"), Just("10.0.0.1"), Just("[::1]"), Just("redis.example")],
             port in proptest::option::of(1u16..=65535),
             db in proptest::option::of(0u32..16),
+            sentinel in any::<bool>(),
         ) {
-            let scheme = if tls { "rediss" } else { "redis" };
+            let scheme = match (sentinel, tls) {
+                (true, _) => "redis+sentinel",
+                (false, true) => "rediss",
+                (false, false) => "redis",
+            };
+            // The sentinel form: two sentinels, then the service.
+            let service = if sentinel { ",sentinel-2.example:26380/mymaster" } else { "" };
             let location = format!(
-                "{host}{}{}",
+                "{host}{}{service}{}",
                 port.map(|p| format!(":{p}")).unwrap_or_default(),
                 db.map(|d| format!("/{d}")).unwrap_or_default(),
             );
@@ -1315,6 +1429,53 @@ mod tests {
                     None => prop_assert_eq!(&shown, &url),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn sentinel_urls() {
+        let u = parse_redis_url(
+            "redis+sentinel://app:s%2F3cret@10.0.0.1:26379,[::1],s3.example:5000/mymaster/2",
+        )
+        .unwrap();
+        assert_eq!(
+            u.display,
+            "redis+sentinel://***@10.0.0.1:26379,[::1],s3.example:5000/mymaster/2"
+        );
+        let s = u.sentinel.as_ref().unwrap();
+        assert_eq!(
+            s.nodes,
+            [
+                ("10.0.0.1".to_string(), 26379),
+                ("::1".to_string(), 26379),
+                ("s3.example".to_string(), 5000)
+            ]
+        );
+        assert_eq!(s.service, "mymaster");
+        assert!(!u.tls);
+        let debug = format!("{s:?} {u:?}");
+        assert!(
+            !debug.contains("s%2F3cret") && !debug.contains("3cret"),
+            "{debug}"
+        );
+        let login = redis::IntoConnectionInfo::into_connection_info(s.master_login()).unwrap();
+        assert_eq!(login.redis_settings().password(), Some("s/3cret"));
+        assert_eq!(login.redis_settings().username(), Some("app"));
+        assert_eq!(login.redis_settings().db(), 2);
+        let plain = parse_redis_url("redis+sentinel://h/svc").unwrap();
+        assert_eq!(plain.sentinel.unwrap().nodes, [("h".to_string(), 26379)]);
+        assert!(parse_redis_url("redis://h:1").unwrap().sentinel.is_none());
+        for (bad, why) in [
+            ("redis+sentinel://h:26379", "no service name"),
+            ("redis+sentinel://h:26379/", "no service name"),
+            ("redis+sentinel://h:1,,h:2/svc", "a sentinel without a host"),
+            ("redis+sentinel://h:0/svc", "the port is not a number"),
+            ("redis+sentinel://h:1/svc/x", "the database is not a number"),
+            ("redis+sentinel://h:1/svc?db=1", "no query"),
+            ("redis+sentinel://u:p/w@h:1/svc", "percent-encode"),
+        ] {
+            let e = parse_redis_url(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
         }
     }
 

@@ -181,13 +181,87 @@ fn server_error_text(e: &redis::ServerError) -> String {
     }
 }
 
-/// A broken connection is replaced; a server error (LOADING, OOM, READONLY…) keeps it.
+/// A broken connection is replaced; a server error (LOADING, OOM…) keeps it, but for READONLY:
+/// the connection's server is a replica now (a master demoted by a failover), and a new
+/// connection (asked of the sentinels again) finds the new master.
 fn breaks_connection(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || readonly(e)
+}
+
+/// READONLY, as the answer or as the reason a transaction was refused.
+fn readonly(e: &redis::RedisError) -> bool {
+    e.code() == Some("READONLY")
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == "READONLY"))
+}
+
+/// Where connections go: one Redis, or the master the sentinels name at the time.
+enum Source {
+    Direct(redis::Client),
+    /// Asked again for every new connection, so that a failover is followed.
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+}
+
+impl Source {
+    async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        match self {
+            Source::Direct(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Source::Sentinel(sentinels) => {
+                // redis-rs asks the sentinels without a timeout of its own.
+                let ask = async { sentinels.lock().await.async_get_client().await };
+                let master = tokio::time::timeout(CONNECT_TIMEOUT, ask)
+                    .await
+                    .map_err(|_| {
+                        redis::RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no sentinel named the master in time",
+                        ))
+                    })??;
+                master
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+        }
+    }
+}
+
+/// A client that asks the sentinels of `url` for the master of its service.
+fn sentinel_client(
+    url: &crate::config::SentinelUrl,
+) -> redis::RedisResult<redis::sentinel::SentinelClient> {
+    use redis::IntoConnectionInfo;
+    let login = url.master_login().into_connection_info()?;
+    let login = login.redis_settings();
+    let nodes = url
+        .nodes
+        .iter()
+        .map(|(host, port)| redis::ConnectionAddr::Tcp(host.clone(), *port));
+    let mut builder = redis::sentinel::SentinelClientBuilder::new(
+        nodes,
+        &url.service,
+        redis::sentinel::SentinelServerType::Master,
+    )?
+    .set_client_to_redis_db(login.db());
+    if let Some(user) = login.username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = login.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    builder.build()
 }
 
 // === impl Health ===
@@ -260,7 +334,7 @@ impl Health {
 
 /// The stream, group and consumer this process works for, and its connections.
 pub(crate) struct Store {
-    client: redis::Client,
+    source: Source,
     commands_config: AsyncConnectionConfig,
     /// The command connection and its generation (so that a failure on an old connection does
     /// not drop a newer one).
@@ -292,7 +366,9 @@ const CONNECT: Op<'static> = Op {
 impl Store {
     /// A store for `config`; nothing is connected yet.
     pub(crate) fn new(config: &Config) -> Result<Store, StoreError> {
-        let client = if config.redis.tls {
+        let source = if let Some(sentinel) = &config.redis.sentinel {
+            sentinel_client(sentinel).map(|c| Source::Sentinel(tokio::sync::Mutex::new(c)))
+        } else if config.redis.tls {
             // The built-in roots, and a private CA's certificates when configured.
             let mut roots = crate::roots::pem_bundle().into_bytes();
             if let Some(ca) = &config.redis_ca {
@@ -308,9 +384,9 @@ impl Store {
                 }),
                 root_cert: Some(roots),
             };
-            redis::Client::build_with_tls(config.redis.secret(), certs)
+            redis::Client::build_with_tls(config.redis.secret(), certs).map(Source::Direct)
         } else {
-            redis::Client::open(config.redis.secret())
+            redis::Client::open(config.redis.secret()).map(Source::Direct)
         }
         .map_err(|e| {
             StoreError::fatal(
@@ -323,7 +399,7 @@ impl Store {
         })?;
         let (fatal, _) = tokio::sync::watch::channel(None);
         Ok(Store {
-            client,
+            source,
             commands_config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(RESPONSE_TIMEOUT)),
@@ -369,11 +445,7 @@ impl Store {
         if let Some(c) = self.link().clone() {
             return Ok(c);
         }
-        match self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.commands_config)
-            .await
-        {
+        match self.source.connect(&self.commands_config).await {
             Ok(conn) => {
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                 *self.link() = Some((generation, conn.clone()));
@@ -835,8 +907,8 @@ impl Store {
         };
         let result = async {
             let mut conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
+                .source
+                .connect(&config)
                 .await
                 .map_err(|e| (e, CONNECT))?;
             let id: i64 = redis::cmd("CLIENT")

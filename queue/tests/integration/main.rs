@@ -15,6 +15,7 @@ mod outage;
 mod redrive;
 mod refusals;
 mod retries;
+mod sentinel;
 mod shutdown;
 mod stress;
 mod support;

@@ -223,7 +223,8 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn try_connect(addr: SocketAddr) -> Option<Conn> {
+    /// A connection to any Redis (or Sentinel) at `addr`; `None` when it does not answer.
+    pub fn try_connect(addr: SocketAddr) -> Option<Conn> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
         let _ = s.set_nodelay(true);
@@ -232,7 +233,8 @@ impl Conn {
         })
     }
 
-    fn try_cmd(&mut self, args: &[&[u8]]) -> Option<Reply> {
+    /// Sends one command and reads its reply; `None` on a broken connection.
+    pub fn try_cmd(&mut self, args: &[&[u8]]) -> Option<Reply> {
         self.reader.get_mut().write_all(&encode(args)).ok()?;
         read_reply(&mut self.reader).ok()
     }
