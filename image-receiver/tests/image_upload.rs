@@ -11,6 +11,8 @@
 //!   of many blobs pulled back byte for byte;
 //! - `push`: the push held part way by a proxy: its progress in the status, a registry
 //!   restarted and a receiver killed in the middle of a blob; the overlap rule before a push;
+//! - `stream`: blobs pushed while the upload arrives (the follower), before `complete`, and
+//!   what falls back to the after-complete pass;
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
 //!   credentials or CA, and what a refusal or a certificate problem says.
 
@@ -19,4 +21,5 @@ mod image;
 mod load;
 mod push;
 mod registry_auth;
+mod stream;
 mod upload;
