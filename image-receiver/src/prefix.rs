@@ -27,6 +27,8 @@ struct Now {
 pub struct Prefix {
     now: Mutex<Now>,
     moved: Condvar,
+    /// For async waiters of a new generation (or the stop).
+    renewed: tokio::sync::Notify,
 }
 
 /// Why a wait on the prefix ended without the bytes.
@@ -52,13 +54,18 @@ impl Prefix {
         if generation < now.generation {
             return;
         }
-        if generation > now.generation {
+        let renewed = generation > now.generation;
+        if renewed {
             now.generation = generation;
             now.len = len;
         } else {
             now.len = now.len.max(len);
         }
+        drop(now);
         self.moved.notify_all();
+        if renewed {
+            self.renewed.notify_waiters();
+        }
     }
 
     /// `(generation, length)` now.
@@ -84,20 +91,27 @@ impl Prefix {
     pub fn stop(&self) {
         self.lock().stopped = true;
         self.moved.notify_all();
+        self.renewed.notify_waiters();
     }
 
     /// Waits until a generation after `generation` starts (the upload reopened): false when
     /// the receiver stops first.
-    pub fn wait_generation(&self, generation: u64) -> bool {
-        let mut now = self.lock();
+    pub async fn next_generation(&self, generation: u64) -> bool {
         loop {
-            if now.stopped {
-                return false;
+            let notified = self.renewed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change between the two is not missed.
+            notified.as_mut().enable();
+            {
+                let now = self.lock();
+                if now.stopped {
+                    return false;
+                }
+                if now.generation != generation {
+                    return true;
+                }
             }
-            if now.generation != generation {
-                return true;
-            }
-            now = self.moved.wait(now).unwrap_or_else(|e| e.into_inner());
+            notified.await;
         }
     }
 
@@ -198,5 +212,23 @@ mod tests {
         p.close(1);
         assert_eq!(p.wait(1, 0), Ok(0));
         assert_eq!(p.wait(1, 1), Err(Gone::Closed));
+    }
+
+    #[tokio::test]
+    async fn a_new_generation_or_the_stop_wakes_the_follower() {
+        let p = Arc::new(Prefix::default());
+        let waiter = tokio::spawn({
+            let p = p.clone();
+            async move { p.next_generation(0).await }
+        });
+        p.publish(0, 100);
+        p.publish(1, 0);
+        assert!(waiter.await.unwrap());
+        let waiter = tokio::spawn({
+            let p = p.clone();
+            async move { p.next_generation(1).await }
+        });
+        p.stop();
+        assert!(!waiter.await.unwrap());
     }
 }

@@ -190,9 +190,7 @@ pub async fn follow(file: Arc<File>, size: u64, opts: Arc<ProcessOptions>) {
     loop {
         let (generation, _) = prefix.current();
         follow_generation(&file, size, &opts, generation).await;
-        let waiting = prefix.clone();
-        let next = tokio::task::spawn_blocking(move || waiting.wait_generation(generation)).await;
-        if !matches!(next, Ok(true)) {
+        if !prefix.next_generation(generation).await {
             return;
         }
     }
@@ -214,13 +212,11 @@ async fn follow_generation(
             .name("follower".into())
             .spawn(move || walk(&file, &prefix, generation, size, compress, &tx))
     };
-    let walker = match walker {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start the follower: everything is pushed after complete");
-            return;
-        }
-    };
+    // Not joined: it ends at its next wait or send once this side is gone.
+    if let Err(e) = walker {
+        tracing::warn!(error = %e, "cannot start the follower: everything is pushed after complete");
+        return;
+    }
     let permits = Arc::new(tokio::sync::Semaphore::new(PUSH_CONCURRENCY));
     let mut pushes = tokio::task::JoinSet::new();
     let mut pusher: Option<Arc<Pusher>> = None;
@@ -276,9 +272,6 @@ async fn follow_generation(
         });
     }
     while pushes.join_next().await.is_some() {}
-    // It ended (or will at its next wait: the channel is closed).
-    drop(jobs);
-    let _ = tokio::task::spawn_blocking(move || walker.join()).await;
 }
 
 /// Walks the tar behind the prefix, sending what the follower can push; returns at the end of
