@@ -15,8 +15,9 @@
 //!
 //! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
 //! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
-//! classic layers to gzip, and whatever the prefix did not reach before `complete` (chunks sent
-//! out of order). Nothing the follower does is visible: it pushes blobs only, never a manifest
+//! classic layers to gzip, and every blob whose header the walk reaches only once the whole file
+//! is there (chunks sent out of order, a last chunk first): then `complete` is next, and hashing
+//! or pushing beside the pass would only compete with it. Nothing the follower does is visible: it pushes blobs only, never a manifest
 //! or a tag; those come after `complete` verified the file, and a file that fails verification
 //! leaves only unreferenced blobs, which the registry's garbage collection removes.
 //!
@@ -329,6 +330,11 @@ fn walk_tar(
         };
         if span.len < STREAM_MIN || span.offset.saturating_add(span.len) > size {
             continue;
+        }
+        if prefix.current().1 >= size {
+            // Everything arrived before the walk got here (the chunks came out of order, or
+            // faster than it walks): `complete` is next, and the pass does the rest at once.
+            return Err("the whole file is there: the pass after complete pushes the rest".into());
         }
         let raw = entry.path_bytes();
         let name = String::from_utf8_lossy(&raw);
