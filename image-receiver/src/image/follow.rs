@@ -4,7 +4,7 @@
 //! One walker thread reads the file as a stream ([`FollowReader`]: at the end of the prefix it
 //! waits for the prefix to grow), detects a plain tar from the first bytes and walks its headers
 //! in order. What it can push before `complete` it hands to the async side, which pushes
-//! [`PUSH_CONCURRENCY`] at a time through the same [`Pusher`] code as the after-complete pass
+//! [`PUSH_CONCURRENCY`] at a time through the same `Pusher` code as the after-complete pass
 //! (HEAD first, the retry policy, the progress):
 //! - an OCI blob (`blobs/sha256/<hex>`) of at least [`STREAM_MIN`] bytes: its digest is its name,
 //!   so its push starts at its tar header and each block is sent once the prefix holds it; the

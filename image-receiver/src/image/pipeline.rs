@@ -4,6 +4,10 @@
 //! The upload half calls [`process`] (through the processor `serve` builds) from the background
 //! task of `POST /complete` once the size and SHA-256 of the file are verified; what it returns
 //! becomes the `image` (or the `message`) of `GET /status`.
+//!
+//! This is the pass after `complete`: it reads the whole verified file and pushes every blob the
+//! follower ([`crate::image::follow`]) did not push while the upload arrived (each blob claimed
+//! once through [`Streamed`]), then the manifests, indexes and the tag.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! The upload on disk and its life cycle: chunks written at their offsets into one data file,
 //! the merged ranges kept in a snapshot and a journal next to it, the SHA-256 computed as the
-//! contiguous prefix grows, and the background work of `complete` (verify, then process).
+//! contiguous prefix grows (and the prefix published, [`Prefix`], for the image half's follower),
+//! and the background work of `complete` (verify, then process).
 //!
 //! Files, all in `RUNR_UPLOAD_DIR` and nowhere else:
 //! - [`DATA_FILE`]: the upload itself, written with `pwrite` at each chunk's offset;
