@@ -10,6 +10,7 @@
 //!   unreferenced blobs;
 //! - a receiver killed with SIGKILL while a blob streams: the restarted one follows the prefix
 //!   again from byte 0 and the push completes;
+//! - chunks in a shuffled order: the same image;
 //! - 32 concurrent `GET /status` readers during the push: every answer well-formed, the push
 //!   progress never going back.
 
@@ -438,4 +439,45 @@ fn many_status_readers_during_the_push_see_monotone_progress() {
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
     pulled_whole(&reg, repo, &image);
+}
+
+/// Chunks in a shuffled order: the prefix grows in jumps, the follower takes what it reaches
+/// before the whole file is there, the pass the rest; the image is the one pushed in order.
+#[test]
+fn a_shuffled_upload_is_pushed_whole() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/shuffled";
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let mut order: Vec<usize> = (0..chunk_count(&data)).collect();
+    // A fixed permutation (xorshift), so a failure reproduces.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    put_range(&r, &data, order.into_iter());
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
+    pulled_whole(&reg, repo, &image);
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        "runr-uploads/platform/shuffled-pass",
+        &data,
+        &[],
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
 }
