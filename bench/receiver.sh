@@ -6,7 +6,11 @@
 #   - `skopeo copy docker-archive:… docker://…` of the same file into the same emptied registry
 #     (the baseline for complete → completed),
 # with RUNR_UPLOAD_COMPRESS=gzip and =none, plus a second upload of the same file while the
-# registry holds its blobs already. Reports medians of ROUNDS rounds, ratios against the
+# registry holds its blobs already. Chunks go in order (offset 0 upward, as the console, the CLI
+# and the spec's curl loop send them), so the receiver's follower pushes blobs while the upload
+# arrives; one `none` run sends the last chunk first (the follower cannot start before the very
+# end: the after-complete pass alone), and one sends an OCI layout of the same image (skopeo
+# oci-archive:, blobs named by their digest, streamed into the registry as they arrive). Reports medians of ROUNDS rounds, ratios against the
 # issue's targets, and the receiver's peak RSS (VmHWM) and CPU time.
 #
 # Usage: bench/receiver.sh [ROUNDS]   (default 3; needs docker-registry, skopeo, openssl, python3)
@@ -75,6 +79,14 @@ if [ ! -s "$ARCHIVE" ]; then
 fi
 SIZE=$(stat -c %s "$ARCHIVE")
 SUM=$(openssl dgst -sha256 -r "$ARCHIVE" | cut -d' ' -f1)
+# The same image as an OCI layout (same layer bytes and digests), made once by skopeo.
+OCI_ARCHIVE=$CACHE/big-oci-archive-${LAYER_MIB}m.tar
+if [ ! -s "$OCI_ARCHIVE" ]; then
+  skopeo --insecure-policy copy -q "docker-archive:$ARCHIVE" "oci-archive:$OCI_ARCHIVE.tmp:bench/big:1"
+  mv "$OCI_ARCHIVE.tmp" "$OCI_ARCHIVE"
+fi
+OCI_SIZE=$(stat -c %s "$OCI_ARCHIVE")
+OCI_SUM=$(openssl dgst -sha256 -r "$OCI_ARCHIVE" | cut -d' ' -f1)
 
 # --- registry ------------------------------------------------------------------------------------
 REG_PORT=$(free_port)
@@ -93,23 +105,24 @@ fresh_registry() {
 }
 
 # --- one receiver run ----------------------------------------------------------------------------
-# receive COMPRESS TAG: starts a receiver on an empty directory, uploads the archive in 8 MiB
-# chunks, completes, waits for completed; prints "ingest_s complete_s hwm_kib cpu_s".
+# receive COMPRESS TAG [ORDER] [FILE SIZE SUM]: starts a receiver on an empty directory, uploads
+# the archive in 8 MiB chunks (ORDER: in, the default, or rev: last chunk first), completes,
+# waits for completed; prints "ingest_s complete_s hwm_kib cpu_s first_byte_to_completed_s".
 receive() {
-  local compress=$1 tag=$2 port dir pid out
+  local compress=$1 tag=$2 order=${3:-in} file=${4:-$ARCHIVE} size=${5:-$SIZE} sum=${6:-$SUM} port dir pid out
   port=$(free_port)
   dir=$WORK/upload
   rm -rf "$dir"; mkdir -p "$dir"
-  PORT=$port RUNR_UPLOAD_DIR=$dir RUNR_UPLOAD_SIZE=$SIZE RUNR_UPLOAD_SHA256=$SUM \
+  PORT=$port RUNR_UPLOAD_DIR=$dir RUNR_UPLOAD_SIZE=$size RUNR_UPLOAD_SHA256=$sum \
     RUNR_UPLOAD_TARGET=127.0.0.1:$REG_PORT/runr-uploads/bench/big:$tag RUNR_UPLOAD_NAME=bench/big:1 \
     RUNR_UPLOAD_COMPRESS=$compress RUNR_REGISTRY_PLAIN_HTTP=1 RUNR_LOG=warn \
     setsid "$RECEIVER_BIN" serve >>"$WORK/receiver.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
   wait_http "http://127.0.0.1:$port/healthz"
-  out=$(python3 - "$port" "$ARCHIVE" "$CHUNK" "$pid" <<'PY' || echo FAILED
+  out=$(python3 - "$port" "$file" "$CHUNK" "$pid" "$order" <<'PY' || echo FAILED
 import http.client, json, mmap, os, sys, time
-port, path, chunk, pid = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+port, path, chunk, pid, order = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 fd = os.open(path, os.O_RDONLY)
 size = os.fstat(fd).st_size
 view = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
@@ -119,7 +132,10 @@ def call(method, url, body=None):
     r = conn.getresponse()
     return r.status, json.loads(r.read())
 t0 = time.perf_counter()
-for off in range(0, size, chunk):
+offsets = list(range(0, size, chunk))
+if order == "rev":
+    offsets.reverse()
+for off in offsets:
     code, body = call("PUT", f"/chunk?offset={off}", view[off:off + chunk])
     if code != 200:
         sys.exit(f"chunk at {off}: {code} {body}")
@@ -138,7 +154,7 @@ if body["status"] != "completed":
 hwm = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM"))
 fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
 cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-print(f"{t1 - t0:.3f} {t2 - t1:.3f} {hwm} {cpu:.2f}")
+print(f"{t1 - t0:.3f} {t2 - t1:.3f} {hwm} {cpu:.2f} {t2 - t0:.3f}")
 PY
 )
   kill -9 -- "-$pid" 2>/dev/null || true
@@ -235,6 +251,10 @@ for round in $(seq 1 "$ROUNDS"); do
   # Same registry: every blob is there already.
   r=$(receive none "a$round"); echo "again $r" >>"$RESULTS"
   fresh_registry
+  r=$(receive none "r$round" rev); echo "rev $r" >>"$RESULTS"
+  fresh_registry
+  r=$(receive none "o$round" in "$OCI_ARCHIVE" "$OCI_SIZE" "$OCI_SUM"); echo "oci $r" >>"$RESULTS"
+  fresh_registry
   t=$( { /usr/bin/time -f '%e %U %S %M' skopeo --insecure-policy copy -q --dest-tls-verify=false \
         "docker-archive:$ARCHIVE" "docker://127.0.0.1:$REG_PORT/skopeo/big:$round" >/dev/null; } 2>&1 | tail -1)
   echo "skopeo $t" >>"$RESULTS"
@@ -270,7 +290,15 @@ print(f"{'complete->completed s, none vs best registry floor':44} {n:10.2f} {bes
 print(f"{'complete->completed s, gzip vs skopeo':44} {g:10.2f} {sk_wall:10.2f} {g / sk_wall:7.2f}  <= 0.85")
 print(f"{'complete->completed s, none vs skopeo':44} {n:10.2f} {sk_wall:10.2f} {n / sk_wall:7.2f}")
 print(f"{'complete->completed s, blobs already there':44} {a:10.2f} {'':>10} {'':>7}  < 1 s")
-for k, name in (("gzip", "gzip"), ("none", "none"), ("again", "again")):
+rv, o = med("rev", 1), med("oci", 1)
+print(f"{'complete->completed s, none, last chunk first':44} {rv:10.2f} {best:10.2f} {rv / best:7.2f}  no slower than before")
+print(f"{'complete->completed s, OCI layout vs skopeo':44} {o:10.2f} {sk_wall:10.2f} {o / sk_wall:7.2f}  <= 0.15")
+for k, name in (("none", "none"), ("gzip", "gzip"), ("oci", "OCI layout")):
+    fb, up = med(k, 4), med(k, 0)
+    print(f"{'first byte->completed s, ' + name + ' vs upload+skopeo':44} {fb:10.2f} {up + sk_wall:10.2f} {fb / (up + sk_wall):7.2f}  <= 0.60")
+ing = mib / med("oci", 0)
+print(f"{'ingest MiB/s (OCI run, pushing meanwhile)':44} {ing:10.0f} {mib / ssl:10.0f} {ing * ssl / mib:7.2f}  >= 0.70")
+for k, name in (("gzip", "gzip"), ("none", "none"), ("again", "again"), ("oci", "oci")):
     rss = med(k, 2) / 1024
     print(f"{'peak RSS MiB (' + name + ') vs skopeo':44} {rss:10.1f} {sk_rss:10.1f} {rss / sk_rss:7.2f}  <= 64 MiB")
 for k in ("gzip", "none", "again"):

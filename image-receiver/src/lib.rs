@@ -10,7 +10,8 @@
 //!   compressing classic layers, pushing into the registry, and `fetch` for wasm modules.
 //!
 //! Neither half imports the other; [`config`] reads every variable once, above both, and
-//! [`progress`] is what the image half counts and the upload half shows of the push.
+//! [`progress`] is what the image half counts and the upload half shows of the push, [`prefix`]
+//! the contiguous prefix the upload half publishes and the image half's follower reads behind.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,7 @@ pub mod config;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod image;
+pub mod prefix;
 pub mod progress;
 pub mod serve;
 mod upload;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::image::follow::{self, Streamed};
 use crate::image::pipeline::{self, ProcessOptions};
 use crate::upload::{server, OpenError, Processor, Upload};
 
@@ -36,7 +37,8 @@ pub enum ServeError {
 /// had started (verifying, pushing) starts again.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     let upload = Upload::open(&config.upload_dir, config.size, &config.sha256)?;
-    let processor = pipeline_processor(&config, &upload);
+    let opts = process_options(&config, &upload);
+    let processor = pipeline_processor(opts.clone());
     let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.port)))
         .await
         .map_err(|source| ServeError::Bind {
@@ -59,18 +61,32 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         chunk_idle = %runr_base::env::display_duration(config.chunk_idle),
         "listening"
     );
+    if !upload.is_finished() {
+        // Its own handle on the data file: the upload writes through another.
+        match std::fs::File::open(upload.data_path()) {
+            Ok(file) => {
+                tokio::spawn(follow::follow(Arc::new(file), config.size, opts.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow the upload: everything is pushed after complete")
+            }
+        }
+    }
     if upload.needs_resume() {
         tracing::info!("a previous run stopped while verifying or pushing: starting that again");
         upload.resume(processor.clone());
     }
+    let prefix = upload.prefix();
     server::run(listener, upload, processor, config.chunk_idle, shutdown).await;
+    // A follower waiting for bytes that will not come would hold the runtime's shutdown.
+    prefix.stop();
     Ok(())
 }
 
-/// The pipeline with the options of this upload, as the upload's [`Processor`]; it counts its
-/// push into the upload's progress.
-fn pipeline_processor(config: &Config, upload: &Upload) -> Processor {
-    let opts = Arc::new(ProcessOptions {
+/// The options of this upload's pipeline: it counts its push into the upload's progress, and
+/// its follower reads behind the upload's prefix.
+fn process_options(config: &Config, upload: &Upload) -> Arc<ProcessOptions> {
+    Arc::new(ProcessOptions {
         work_dir: config.upload_dir.clone(),
         target: config.target.clone(),
         upload_name: config.name.clone(),
@@ -79,7 +95,12 @@ fn pipeline_processor(config: &Config, upload: &Upload) -> Processor {
         registry: config.registry.clone(),
         declared_size: config.size,
         progress: upload.progress(),
-    });
+        streamed: Arc::new(Streamed::new(upload.prefix())),
+    })
+}
+
+/// The pipeline as the upload's [`Processor`].
+fn pipeline_processor(opts: Arc<ProcessOptions>) -> Processor {
     Arc::new(move |file| {
         let opts = opts.clone();
         Box::pin(async move {

@@ -82,6 +82,7 @@ pub(crate) fn options(
         },
         declared_size: std::fs::metadata(file).map(|m| m.len()).unwrap_or(0),
         progress: Default::default(),
+        streamed: Default::default(),
     }
 }
 

@@ -10,7 +10,10 @@
 //! - `load`: peak memory under 64 concurrent 8 MiB chunks and the push, and concurrent pushes
 //!   of many blobs pulled back byte for byte;
 //! - `push`: the push held part way by a proxy: its progress in the status, a registry
-//!   restarted and a receiver killed in the middle of a blob; the overlap rule before a push;
+//!   restarted and a receiver killed in the middle of a blob (the follower's stream before
+//!   `complete` too); the overlap rule before a push;
+//! - `stream`: blobs pushed while the upload arrives (the follower), before `complete`, and
+//!   what falls back to the after-complete pass;
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
 //!   credentials or CA, and what a refusal or a certificate problem says.
 
@@ -19,4 +22,5 @@ mod image;
 mod load;
 mod push;
 mod registry_auth;
+mod stream;
 mod upload;

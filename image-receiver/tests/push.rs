@@ -8,7 +8,9 @@
 //! - a registry killed and restarted (same port, same storage) in the middle of a blob: that
 //!   blob's upload starts again from its first byte, the others are not sent again;
 //! - a receiver killed with SIGKILL in the middle of a blob: the restarted one resumes the push,
-//!   and what the registry has already costs a HEAD.
+//!   and what the registry has already costs a HEAD;
+//! - a registry restarted while the follower streams a blob before `complete`: that blob again
+//!   from its first byte, in the registry before `complete`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -405,5 +407,60 @@ fn a_chunk_rewritten_with_other_bytes_changes_nothing_that_was_held() {
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_whole(&reg, &image);
+}
+
+/// The same cut while the follower streams the big blob, before `complete`: the upload goes on,
+/// that blob's upload starts again from its first byte, and it is in the registry before
+/// `complete` is sent.
+#[test]
+fn a_registry_restarted_while_a_blob_streams_before_complete_gets_it_again() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let dir = work.path().join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let target = format!("{}/{REPO}:1", proxy.addr);
+    let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_TARGET", target.as_str())]);
+    // Up to the end of the big blob: the follower streams it; the rest comes after.
+    let end = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let big = tar
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .find(|e| e.size() >= BIG as u64)
+            .expect("the big blob");
+        (big.raw_file_position() + big.size()) as usize
+    };
+    for start in (0..end).step_by(8 << 20) {
+        let stop = (start + (8 << 20)).min(end);
+        assert_eq!(r.put(start as u64, &data[start..stop]).0, 200);
+    }
+    proxy.wait_held();
+    reg.stop();
+    reg.restart();
+    proxy.release();
+    let big = big_digest(&image);
+    let s = r.wait_status("the big blob to be pushed again", |s| {
+        s["push"]["blobs_pushed"] == 1
+    });
+    assert_eq!(s["status"], "receiving", "{s}");
+    assert_eq!(proxy.count("PUT", &big), 2);
+    let log = r.log();
+    let retried: Vec<&str> = log.lines().filter(|l| l.contains("retrying")).collect();
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert!(retried[0].contains(&big), "{retried:?}");
+    assert_eq!(r.put(end as u64, &data[end..]).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    // Pushed once more, it would have been a second PUT after the retry's.
+    assert_eq!(proxy.count("PUT", &big), 2);
     pulled_whole(&reg, &image);
 }

@@ -4,6 +4,10 @@
 //! The upload half calls [`process`] (through the processor `serve` builds) from the background
 //! task of `POST /complete` once the size and SHA-256 of the file are verified; what it returns
 //! becomes the `image` (or the `message`) of `GET /status`.
+//!
+//! This is the pass after `complete`: it reads the whole verified file and pushes every blob the
+//! follower ([`crate::image::follow`]) did not push while the upload arrived (each blob claimed
+//! once through [`Streamed`]), then the manifests, indexes and the tag.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use serde_json::Value;
 
 use crate::image::compress;
 pub use crate::image::compress::Compress;
+use crate::image::follow::{Claim, Streamed};
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
@@ -54,6 +59,41 @@ pub struct ProcessOptions {
     pub declared_size: u64,
     /// Where the push counts blobs and bytes (the upload's, shown by `GET /status`).
     pub progress: Arc<Progress>,
+    /// The blobs the follower pushes while the upload arrives (none when it does not run).
+    pub streamed: Arc<Streamed>,
+}
+
+/// The blobs of one pass and who pushes each: the follower's claims of this generation.
+struct Pass<'a> {
+    streamed: &'a Streamed,
+    generation: u64,
+}
+
+impl Pass<'_> {
+    /// Claims `digest` for this pass and counts it (`size` bytes, 0 while unknown) unless the
+    /// follower did.
+    fn claim(&self, progress: &Progress, digest: &str, size: u64) -> Claim {
+        let claim = self.streamed.claim(self.generation, digest);
+        if !claim.counted() {
+            progress.add_blob(size);
+        }
+        claim
+    }
+}
+
+/// [`Pusher::push_span`], unless the follower pushed the blob already.
+async fn push_claimed(
+    pusher: &Pusher,
+    claim: Claim,
+    file: &Arc<std::fs::File>,
+    span: Span,
+    digest: &str,
+    what: &str,
+) -> Result<bool, PushError> {
+    if claim.pushed().await {
+        return Ok(false);
+    }
+    pusher.push_span(file, span, digest, what).await
 }
 
 /// What was pushed: the `image` object of `GET /status`.
@@ -133,6 +173,11 @@ pub async fn process_with(
     opts: &ProcessOptions,
     backoff: Backoff,
 ) -> Result<ImageInfo, ProcessError> {
+    // The follower starts nothing new from here; what it has in flight, the pass waits for.
+    let pass = Pass {
+        streamed: &opts.streamed,
+        generation: opts.streamed.begin_pass(),
+    };
     let label = opts
         .filename
         .clone()
@@ -165,13 +210,16 @@ pub async fn process_with(
         Detected::Wasm(_) => "wasm",
     };
     tracing::info!(format, target = %opts.target, "format detected, pushing");
-    opts.progress.start();
+    opts.streamed
+        .start_progress(pass.generation, &opts.progress);
     let pusher = Pusher::new(&opts.target, &opts.registry, backoff, opts.progress.clone())
         .await
         .map_err(|e| ProcessError::new(e.to_string()))?;
     let pushed = match detected {
-        Detected::Oci(image) => push_oci(&pusher, image).await,
-        Detected::Docker(image) => push_docker(&pusher, image, opts.compress, &opts.work_dir).await,
+        Detected::Oci(image) => push_oci(&pusher, &pass, image).await,
+        Detected::Docker(image) => {
+            push_docker(&pusher, &pass, image, opts.compress, &opts.work_dir).await
+        }
         Detected::Wasm(module) => push_wasm(&pusher, module).await,
     };
     pushed.map_err(|e| match e {
@@ -183,16 +231,22 @@ pub async fn process_with(
 /// Blobs ([`PUSH_CONCURRENCY`] at a time, every platform's together), then the image manifests
 /// (as many at a time), then the indexes below the top in order (children before parents),
 /// then the tag; then the read-back.
-async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushError> {
+async fn push_oci(
+    pusher: &Pusher,
+    pass: &Pass<'_>,
+    image: OciImage,
+) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
     let blobs = image.blobs.clone();
-    for b in &blobs {
-        pusher.progress().add_blob(b.span.len);
-    }
+    let claims: Vec<Claim> = blobs
+        .iter()
+        .map(|b| pass.claim(pusher.progress(), &b.digest, b.span.len))
+        .collect();
     // Boxed: keeps the future `Send` (rustc cannot prove it through the closure otherwise).
     let pushes: Vec<BoxFuture<'_, Result<bool, PushError>>> = blobs
         .iter()
-        .map(|b| pusher.push_span(&file, b.span, &b.digest, b.what).boxed())
+        .zip(claims)
+        .map(|(b, c)| push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed())
         .collect();
     futures_util::stream::iter(pushes)
         .buffer_unordered(PUSH_CONCURRENCY)
@@ -235,25 +289,34 @@ async fn push_oci(pusher: &Pusher, image: OciImage) -> Result<ImageInfo, PushErr
 /// asked), then write an OCI manifest for them.
 async fn push_docker(
     pusher: &Pusher,
+    pass: &Pass<'_>,
     image: DockerImage,
     compress: Compress,
     work_dir: &Path,
 ) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
     let progress = pusher.progress();
-    progress.add_blob(image.config.len() as u64);
+    let config = pass.claim(progress, &image.config_digest, image.config.len() as u64);
+    let mut claims: Vec<Option<Claim>> = Vec::with_capacity(image.layers.len());
     for l in &image.layers {
-        // A layer gzip'ed here counts its bytes once they are known (compressed).
-        let known = l.gzipped || compress == Compress::None;
-        progress.add_blob(if known { l.span.len } else { 0 });
+        if !l.gzipped && compress == Compress::None {
+            // Pushed as it is, under its diff_id: the follower may have it.
+            claims.push(Some(pass.claim(progress, &l.diff_id, l.span.len)));
+        } else {
+            // A layer gzip'ed here counts its bytes once they are known (compressed).
+            progress.add_blob(if l.gzipped { l.span.len } else { 0 });
+            claims.push(None);
+        }
     }
-    pusher
-        .push_bytes(
-            Bytes::from(image.config.clone()),
-            &image.config_digest,
-            "config",
-        )
-        .await?;
+    if !config.pushed().await {
+        pusher
+            .push_bytes(
+                Bytes::from(image.config.clone()),
+                &image.config_digest,
+                "config",
+            )
+            .await?;
+    }
     // Compressing is the slow part and its result is not known before it is done: when the tag
     // already holds this very image (same config, every layer present), reuse its layers.
     let needs_gzip = compress == Compress::Gzip && image.layers.iter().any(|l| !l.gzipped);
@@ -280,7 +343,10 @@ async fn push_docker(
             let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
                 .layers
                 .iter()
-                .map(|l| push_docker_layer(pusher, &file, l, compress, work_dir, &cpu).boxed())
+                .zip(claims)
+                .map(|(l, c)| {
+                    push_docker_layer(pusher, c, &file, l, compress, work_dir, &cpu).boxed()
+                })
                 .collect();
             // Layers in order (the manifest lists them so), PUSH_CONCURRENCY at once: one
             // compresses (on both cores) while the others are pushed.
@@ -323,6 +389,7 @@ async fn push_docker(
 /// One classic layer → its descriptor in the manifest we write.
 async fn push_docker_layer(
     pusher: &Pusher,
+    claim: Option<Claim>,
     file: &Arc<std::fs::File>,
     layer: &DockerLayer,
     compress: Compress,
@@ -379,9 +446,8 @@ async fn push_docker_layer(
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
-        pusher
-            .push_span(file, layer.span, &layer.diff_id, "layer")
-            .await?;
+        let claim = claim.unwrap_or(Claim::Mine);
+        push_claimed(pusher, claim, file, layer.span, &layer.diff_id, "layer").await?;
         (media::OCI_LAYER_TAR, layer.diff_id.clone(), layer.span.len)
     };
     Ok(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}))
@@ -513,6 +579,7 @@ mod tests {
             registry: runr_registry::RegistryConfig::default(),
             declared_size: 0,
             progress: Arc::default(),
+            streamed: Arc::default(),
         };
         let fut = process(Path::new("/nonexistent"), &opts);
         assert_send(&fut);

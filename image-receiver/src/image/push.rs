@@ -41,6 +41,7 @@ use runr_registry::{
 
 use crate::image::formats::{media, RawManifest};
 use crate::image::span::{Span, SpanReader};
+use crate::prefix::Prefix;
 use crate::progress::Progress;
 
 /// Attempts after the first for a transient failure.
@@ -331,7 +332,22 @@ impl Pusher {
         digest: &str,
         what: &str,
     ) -> Result<bool, PushError> {
-        self.push_stream(file, span, digest, what, true).await
+        self.push_stream(file, span, digest, what, true, None).await
+    }
+
+    /// [`Pusher::push_span`] for a blob that is still arriving: each block is sent once the
+    /// upload's contiguous prefix (of `follow`'s generation) holds it. A wait that ends (the
+    /// upload reopened, or `complete` began before the bytes came) fails this push.
+    pub async fn push_following(
+        &self,
+        file: &Arc<File>,
+        span: Span,
+        digest: &str,
+        what: &str,
+        follow: Follow,
+    ) -> Result<bool, PushError> {
+        self.push_stream(file, span, digest, what, true, Some(follow))
+            .await
     }
 
     /// [`Pusher::push_span`] for a file this process wrote and hashed itself (a compressed
@@ -343,7 +359,8 @@ impl Pusher {
         digest: &str,
         what: &str,
     ) -> Result<bool, PushError> {
-        self.push_stream(file, span, digest, what, false).await
+        self.push_stream(file, span, digest, what, false, None)
+            .await
     }
 
     async fn push_stream(
@@ -353,6 +370,7 @@ impl Pusher {
         digest: &str,
         what: &str,
         check: bool,
+        follow: Option<Follow>,
     ) -> Result<bool, PushError> {
         if self.blob_exists(digest).await? {
             tracing::info!(what, digest, "blob already in the registry");
@@ -373,8 +391,11 @@ impl Pusher {
                     span,
                     digest.to_string(),
                     what.to_string(),
-                    check,
                     mismatch.clone(),
+                    Reading {
+                        check,
+                        follow: follow.clone(),
+                    },
                     Sent {
                         progress: self.progress.clone(),
                         attempt: attempt.clone(),
@@ -478,6 +499,9 @@ fn monolithic_client(registry: &RegistryConfig) -> Result<Client, PushError> {
 
 type Item = Result<Bytes, OciDistributionError>;
 
+/// The upload's prefix and the generation a streamed blob belongs to.
+pub type Follow = (Arc<Prefix>, u64);
+
 /// Counts the bytes a blob's stream hands to the request body: into the push's progress and
 /// into the current attempt's tally.
 #[derive(Clone)]
@@ -493,6 +517,14 @@ impl Sent {
     }
 }
 
+/// How a blob's stream reads the file.
+struct Reading {
+    /// Hash what is read and refuse a mismatch with the digest.
+    check: bool,
+    /// Wait for each block to be in the upload's prefix (a blob still arriving).
+    follow: Option<Follow>,
+}
+
 fn stream_error(message: &str) -> OciDistributionError {
     OciDistributionError::GenericError(Some(message.to_string()))
 }
@@ -505,8 +537,8 @@ fn span_stream(
     span: Span,
     digest: String,
     what: String,
-    check: bool,
     mismatch: Arc<Mutex<Option<String>>>,
+    Reading { check, follow }: Reading,
     sent: Sent,
 ) -> impl Stream<Item = Item> + Send + 'static {
     let reader = if check {
@@ -519,6 +551,7 @@ fn span_stream(
         let what = what.clone();
         let mismatch = mismatch.clone();
         let sent = sent.clone();
+        let follow = follow.clone();
         async move {
             // `None` once the last block (or an error) went out.
             let mut reader = state?;
@@ -527,6 +560,12 @@ fn span_stream(
             let mut buf =
                 vec![0u8; usize::try_from(reader.remaining()).map_or(BLOCK, |r| r.min(BLOCK))];
             let read = tokio::task::spawn_blocking(move || {
+                if let Some((prefix, generation)) = follow {
+                    let need = reader.position() + buf.len() as u64;
+                    prefix
+                        .wait(generation, need)
+                        .map_err(std::io::Error::other)?;
+                }
                 reader.fill(&mut buf)?;
                 Ok::<_, std::io::Error>((buf, reader))
             })

@@ -59,6 +59,11 @@ impl SpanReader {
         }
     }
 
+    /// Offset in the file of the next byte to read.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
     /// Bytes of the span not read yet.
     pub fn remaining(&self) -> u64 {
         self.end - self.pos

@@ -1,6 +1,7 @@
 //! The upload on disk and its life cycle: chunks written at their offsets into one data file,
 //! the merged ranges kept in a snapshot and a journal next to it, the SHA-256 computed as the
-//! contiguous prefix grows, and the background work of `complete` (verify, then process).
+//! contiguous prefix grows (and the prefix published, [`Prefix`], for the image half's follower),
+//! and the background work of `complete` (verify, then process).
 //!
 //! Files, all in `RUNR_UPLOAD_DIR` and nowhere else:
 //! - [`DATA_FILE`]: the upload itself, written with `pwrite` at each chunk's offset;
@@ -34,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use self::hasher::Hasher;
 use self::ranges::Ranges;
 use self::state::{Persisted, Phase, State, Status, Store, STATE_FILE};
+use crate::prefix::Prefix;
 use crate::progress::Progress;
 
 pub(crate) mod hasher;
@@ -162,6 +164,8 @@ pub struct Upload {
     hasher: Arc<Hasher>,
     /// What the push counts, shown as `push` in the status.
     progress: Arc<Progress>,
+    /// The contiguous prefix as it grows, for the image half's follower.
+    prefix: Arc<Prefix>,
 }
 
 // === impl Upload ===
@@ -245,8 +249,10 @@ impl Upload {
             store: Mutex::new(store),
             hasher: Hasher::start(reader, size).map_err(OpenError::Thread)?,
             progress: Arc::default(),
+            prefix: Arc::default(),
         });
         upload.hasher.advance(0, prefix);
+        upload.prefix.publish(0, prefix);
         // Compacts what was replayed into a new snapshot, and starts the journal.
         upload.persist().map_err(|source| OpenError::StateFile {
             path: dir.join(STATE_FILE),
@@ -268,6 +274,21 @@ impl Upload {
     /// The counters the processor's push fills, for `push` in the status.
     pub fn progress(&self) -> Arc<Progress> {
         self.progress.clone()
+    }
+
+    /// The contiguous prefix as it grows (what the follower reads behind).
+    pub fn prefix(&self) -> Arc<Prefix> {
+        self.prefix.clone()
+    }
+
+    /// The data file.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// True when the upload is finished (`completed` or `failed`): nothing is left to push.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.lock().phase, Phase::Completed | Phase::Failed)
     }
 
     /// True when a previous run was verifying or pushing when it stopped: the work must be
@@ -441,6 +462,7 @@ impl Upload {
             tracing::warn!(error = %e, "cannot truncate the data file");
         }
         self.hasher.reset();
+        self.prefix.publish(inner.generation, 0);
     }
 
     /// Writes `data` at `pos`, only the bytes nobody holds or is writing: those are claimed
@@ -505,6 +527,7 @@ impl Upload {
         let after = inner.received.contiguous_prefix();
         if after > before {
             self.hasher.advance(generation, after);
+            self.prefix.publish(generation, after);
         }
         Ok(())
     }

@@ -1,0 +1,381 @@
+//! The follower: pushes blobs while the upload arrives, reading the data file behind the
+//! contiguous prefix the upload half publishes ([`Prefix`]).
+//!
+//! One walker thread reads the file as a stream ([`FollowReader`]: at the end of the prefix it
+//! waits for the prefix to grow), detects a plain tar from the first bytes and walks its headers
+//! in order. What it can push before `complete` it hands to the async side, which pushes
+//! [`PUSH_CONCURRENCY`] at a time through the same `Pusher` code as the after-complete pass
+//! (HEAD first, the retry policy, the progress):
+//! - an OCI blob (`blobs/sha256/<hex>`) of at least [`STREAM_MIN`] bytes: its digest is its name,
+//!   so its push starts at its tar header and each block is sent once the prefix holds it; the
+//!   stream hashes what it sends and fails before the commit when the bytes do not match;
+//! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`] bytes, with
+//!   `RUNR_UPLOAD_COMPRESS=none`: its digest is known only at its end, so it is hashed once the
+//!   prefix holds it whole, then pushed.
+//!
+//! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
+//! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
+//! classic layers to gzip, and every blob whose header the walk reaches only once the whole file
+//! is there (chunks sent out of order, a last chunk first): then `complete` is next, and hashing
+//! or pushing beside the pass would only compete with it. Nothing the follower does is visible: it pushes blobs only, never a manifest
+//! or a tag; those come after `complete` verified the file, and a file that fails verification
+//! leaves only unreferenced blobs, which the registry's garbage collection removes.
+//!
+//! [`Streamed`] is where the follower and the pass meet: each blob is claimed once, by whichever
+//! comes first; the pass waits for a blob the follower is pushing and pushes it itself when the
+//! follower's push failed. A kill -9 loses nothing: the restarted receiver follows the prefix
+//! again from byte 0, and what the registry has costs a HEAD.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use tar::EntryType;
+use tokio::sync::watch;
+
+use crate::image::compress::{self, Compress};
+use crate::image::pipeline::{ProcessOptions, PUSH_CONCURRENCY};
+use crate::image::push::Pusher;
+use crate::image::span::{Span, SpanReader};
+use crate::prefix::{FollowReader, Gone, Prefix};
+use crate::progress::Progress;
+
+/// Blobs below this size are left to the after-complete pass: their push is one short request,
+/// and the JSON documents of an archive (configs, manifests, indexes) are all below it.
+pub const STREAM_MIN: u64 = 1 << 20;
+
+/// What one claim of a blob by the pass found.
+#[derive(Debug)]
+pub enum Claim {
+    /// The pass pushes it (and counts it in the progress).
+    Mine,
+    /// The follower has it (counted already): `Some(true)` once it is in the registry,
+    /// `Some(false)` when its push failed and the pass must push it after all.
+    Follower(watch::Receiver<Option<bool>>),
+}
+
+impl Claim {
+    /// True when the follower counted the blob already.
+    pub fn counted(&self) -> bool {
+        matches!(self, Claim::Follower(_))
+    }
+
+    /// Waits for the follower's push: true when the blob is in the registry (the pass then
+    /// skips it).
+    pub async fn pushed(self) -> bool {
+        match self {
+            Claim::Mine => false,
+            Claim::Follower(mut rx) => {
+                let _ = rx.wait_for(Option::is_some).await;
+                let done = *rx.borrow();
+                done == Some(true)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Claims {
+    generation: u64,
+    /// The push's progress was started (by the follower or the pass) in this generation.
+    started: bool,
+    follower: HashMap<String, watch::Receiver<Option<bool>>>,
+    pass: HashSet<String>,
+}
+
+impl Claims {
+    /// False for a stale generation; a newer one starts over.
+    fn sync(&mut self, generation: u64) -> bool {
+        if generation > self.generation {
+            *self = Claims {
+                generation,
+                ..Claims::default()
+            };
+        }
+        generation == self.generation
+    }
+}
+
+/// Which blobs of this generation of the upload the follower took, shared with the pass.
+#[derive(Debug, Default)]
+pub struct Streamed {
+    prefix: Arc<Prefix>,
+    claims: Mutex<Claims>,
+}
+
+impl Streamed {
+    /// Claims behind `prefix` (the upload's).
+    pub fn new(prefix: Arc<Prefix>) -> Streamed {
+        Streamed {
+            prefix,
+            claims: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pass of the current generation begins: the follower starts nothing new.
+    pub fn begin_pass(&self) -> u64 {
+        let (generation, _) = self.prefix.current();
+        self.prefix.close(generation);
+        self.lock().sync(generation);
+        generation
+    }
+
+    /// The pass starts pushing: the progress starts from zero unless the follower already
+    /// counts into it.
+    pub fn start_progress(&self, generation: u64, progress: &Progress) {
+        let mut claims = self.lock();
+        if claims.sync(generation) && !claims.started {
+            progress.start();
+            claims.started = true;
+        }
+    }
+
+    /// The pass takes `digest`, unless the follower has it.
+    pub fn claim(&self, generation: u64, digest: &str) -> Claim {
+        let mut claims = self.lock();
+        if !claims.sync(generation) {
+            return Claim::Mine;
+        }
+        if let Some(rx) = claims.follower.get(digest) {
+            return Claim::Follower(rx.clone());
+        }
+        claims.pass.insert(digest.to_string());
+        Claim::Mine
+    }
+
+    /// The follower of `generation` takes `digest` of `size` bytes and counts it, unless it is
+    /// taken (or the generation is over); the sender says how its push ended.
+    fn take(
+        &self,
+        generation: u64,
+        digest: &str,
+        size: u64,
+        progress: &Progress,
+    ) -> Option<watch::Sender<Option<bool>>> {
+        let mut claims = self.lock();
+        if !claims.sync(generation)
+            || self.prefix.is_closed(generation)
+            || claims.pass.contains(digest)
+            || claims.follower.contains_key(digest)
+        {
+            return None;
+        }
+        if !claims.started {
+            progress.start();
+            claims.started = true;
+        }
+        progress.add_blob(size);
+        let (tx, rx) = watch::channel(None);
+        claims.follower.insert(digest.to_string(), rx);
+        Some(tx)
+    }
+}
+
+/// A blob the walker found.
+struct Job {
+    digest: String,
+    span: Span,
+    /// Still arriving (pushed as the prefix grows), or whole in the file and hashed.
+    streamed: bool,
+}
+
+/// Follows the upload in `file` (of `size` bytes) for as long as the receiver runs: one walk
+/// per generation (a digest mismatch reopens the upload and starts the next).
+pub async fn follow(file: Arc<File>, size: u64, opts: Arc<ProcessOptions>) {
+    let prefix = opts.streamed.prefix.clone();
+    loop {
+        let (generation, _) = prefix.current();
+        follow_generation(&file, size, &opts, generation).await;
+        if !prefix.next_generation(generation).await {
+            return;
+        }
+    }
+}
+
+async fn follow_generation(
+    file: &Arc<File>,
+    size: u64,
+    opts: &Arc<ProcessOptions>,
+    generation: u64,
+) {
+    let prefix = opts.streamed.prefix.clone();
+    let (tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1);
+    let walker = {
+        let file = file.clone();
+        let prefix = prefix.clone();
+        let compress = opts.compress;
+        std::thread::Builder::new()
+            .name("follower".into())
+            .spawn(move || walk(&file, &prefix, generation, size, compress, &tx))
+    };
+    // Not joined: it ends at its next wait or send once this side is gone.
+    if let Err(e) = walker {
+        tracing::warn!(error = %e, "cannot start the follower: everything is pushed after complete");
+        return;
+    }
+    let permits = Arc::new(tokio::sync::Semaphore::new(PUSH_CONCURRENCY));
+    let mut pushes = tokio::task::JoinSet::new();
+    let mut pusher: Option<Arc<Pusher>> = None;
+    while let Some(job) = jobs.recv().await {
+        let Some(done) = opts
+            .streamed
+            .take(generation, &job.digest, job.span.len, &opts.progress)
+        else {
+            continue;
+        };
+        let p = match &pusher {
+            Some(p) => p.clone(),
+            None => {
+                match Pusher::new(
+                    &opts.target,
+                    &opts.registry,
+                    runr_registry::Backoff::default(),
+                    opts.progress.clone(),
+                )
+                .await
+                {
+                    Ok(p) => pusher.insert(Arc::new(p)).clone(),
+                    Err(e) => {
+                        // The pass reports it.
+                        tracing::warn!(error = %e, "the follower cannot push");
+                        done.send_replace(Some(false));
+                        break;
+                    }
+                }
+            }
+        };
+        let permit = permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let file = file.clone();
+        let prefix = prefix.clone();
+        pushes.spawn(async move {
+            let pushed = if job.streamed {
+                p.push_following(&file, job.span, &job.digest, "blob", (prefix, generation))
+                    .await
+            } else {
+                // Hashed by the walker from bytes that never change: no second hash.
+                p.push_own_file(&file, job.span, &job.digest, "layer").await
+            };
+            match &pushed {
+                Ok(_) => tracing::info!(digest = %job.digest, "blob pushed while the upload arrives"),
+                Err(e) => tracing::info!(digest = %job.digest, error = %e, "the follower's push failed: the pass after complete pushes this blob"),
+            }
+            done.send_replace(Some(pushed.is_ok()));
+            drop(permit);
+        });
+    }
+    while pushes.join_next().await.is_some() {}
+}
+
+/// Walks the tar behind the prefix, sending what the follower can push; returns at the end of
+/// the archive, at the first thing it cannot follow, or when the generation closes.
+fn walk(
+    file: &Arc<File>,
+    prefix: &Arc<Prefix>,
+    generation: u64,
+    size: u64,
+    compress: Compress,
+    jobs: &tokio::sync::mpsc::Sender<Job>,
+) {
+    match walk_tar(file, prefix, generation, size, compress, jobs) {
+        Ok(()) => tracing::debug!("the follower reached the end of the archive"),
+        Err(why) => {
+            tracing::debug!(%why, "the follower stops: the pass after complete does the rest")
+        }
+    }
+}
+
+fn walk_tar(
+    file: &Arc<File>,
+    prefix: &Arc<Prefix>,
+    generation: u64,
+    size: u64,
+    compress: Compress,
+    jobs: &tokio::sync::mpsc::Sender<Job>,
+) -> Result<(), String> {
+    let gone = |e: Gone| e.to_string();
+    let n = size.min(512);
+    prefix.wait(generation, n).map_err(gone)?;
+    let mut head = vec![0u8; n as usize];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| e.to_string())?;
+    if n < 512 || &head[257..262] != b"ustar" {
+        let what = compress::recognise(&head).map_or("not a plain tar", |c| c.name());
+        return Err(format!("{what}: not followed"));
+    }
+    let reader = FollowReader::new(file.clone(), prefix.clone(), generation, size);
+    let mut tar = tar::Archive::new(reader);
+    for entry in tar.entries_with_seek().map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        if prefix.is_closed(generation) {
+            return Err("complete began".into());
+        }
+        if !matches!(
+            entry.header().entry_type(),
+            EntryType::Regular | EntryType::Continuous
+        ) {
+            continue;
+        }
+        let span = Span {
+            offset: entry.raw_file_position(),
+            len: entry.size(),
+        };
+        if span.len < STREAM_MIN || span.offset.saturating_add(span.len) > size {
+            continue;
+        }
+        if prefix.current().1 >= size {
+            // Everything arrived before the walk got here (the chunks came out of order, or
+            // faster than it walks): `complete` is next, and the pass does the rest at once.
+            return Err("the whole file is there: the pass after complete pushes the rest".into());
+        }
+        let raw = entry.path_bytes();
+        let name = String::from_utf8_lossy(&raw);
+        let name = name.trim_start_matches("./");
+        let job = if let Some(hex) = name.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
+            Job {
+                digest: format!("sha256:{hex}"),
+                span,
+                streamed: true,
+            }
+        } else if compress == Compress::None && name.ends_with(".tar") {
+            prefix
+                .wait(generation, span.offset + span.len)
+                .map_err(gone)?;
+            if prefix.is_closed(generation) {
+                return Err("complete began".into());
+            }
+            let mut magic = [0u8; 6];
+            file.read_exact_at(&mut magic, span.offset)
+                .map_err(|e| e.to_string())?;
+            if compress::recognise(&magic).is_some() {
+                // Compressed already: the pass checks it against its diff_id first.
+                continue;
+            }
+            let mut reader = SpanReader::hashing(file.clone(), span);
+            reader.consume().map_err(|e| e.to_string())?;
+            Job {
+                digest: reader.digest().expect("a hashing reader"),
+                span,
+                streamed: false,
+            }
+        } else {
+            continue;
+        };
+        if jobs.blocking_send(job).is_err() {
+            return Err("the follower stopped".into());
+        }
+    }
+    Ok(())
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}

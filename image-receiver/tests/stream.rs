@@ -1,0 +1,483 @@
+//! Blobs pushed while the upload arrives (the follower behind the contiguous prefix), through
+//! the real binary against the real `docker-registry`:
+//!
+//! - in order, an OCI archive (skopeo) and a classic archive with `manifest.json` last: the
+//!   large blobs are in the registry before `POST /complete`, no tag or manifest is, and the
+//!   image pushed is the very one the after-complete pass pushes for the same file sent last
+//!   chunk first;
+//! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
+//! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
+//!   unreferenced blobs;
+//! - a receiver killed with SIGKILL while a blob streams: the restarted one follows the prefix
+//!   again from byte 0 and the push completes;
+//! - chunks in a shuffled order: the same image;
+//! - 32 concurrent `GET /status` readers during the push: every answer well-formed, the push
+//!   progress never going back.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use runr_testkit::oci::TestImage;
+use runr_testkit::tools::skopeo_output;
+use runr_testkit::{have_tool, http_get_status, Registry};
+use serde_json::Value;
+
+use crate::harness::{sha256_hex, Receiver};
+
+/// Chunk size of these uploads: several chunks per large blob, so a blob streams across them.
+const CHUNK: usize = 1 << 20;
+
+fn tools() -> bool {
+    let ok = ["docker-registry", "skopeo"].iter().all(|t| have_tool(t));
+    if !ok {
+        println!("skipping: docker-registry or skopeo is missing (.ci/run installs them)");
+    }
+    ok
+}
+
+/// Two layers the follower streams (≥ 1 MiB) and one it leaves to the pass.
+fn image() -> TestImage {
+    TestImage::random("1", &[4 << 20, 2 << 20, 100_000])
+}
+
+fn large(image: &TestImage) -> Vec<String> {
+    image
+        .layers
+        .iter()
+        .filter(|l| l.data.len() >= 1 << 20)
+        .map(|l| l.digest.clone())
+        .collect()
+}
+
+fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
+    let path = dir.join("image.tar");
+    let out = skopeo_output(&[
+        "copy",
+        "--preserve-digests",
+        &image.oci_ref(),
+        &format!("oci-archive:{}:{}", path.display(), image.tag),
+    ]);
+    assert!(out.success(), "{out:?}");
+    std::fs::read(path).unwrap()
+}
+
+/// A classic `docker save` archive written the way Docker ≤ 24 orders it: each layer as
+/// `<id>/layer.tar`, then the config, then `manifest.json` last.
+fn classic_archive(image: &TestImage) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let mut layers = Vec::new();
+    for (i, l) in image.layers.iter().enumerate() {
+        let name = format!("{i:064x}/layer.tar");
+        add(&name, &l.data);
+        layers.push(name);
+    }
+    let config = format!(
+        "{}.json",
+        image.config.digest.strip_prefix("sha256:").unwrap()
+    );
+    add(&config, &image.config.data);
+    let manifest =
+        serde_json::json!([{"Config": config, "RepoTags": ["stream/app:1"], "Layers": layers}]);
+    add("manifest.json", manifest.to_string().as_bytes());
+    b.into_inner().unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn receiver(
+    work: &Path,
+    reg: &Registry,
+    repo: &str,
+    data: &[u8],
+    extra: &[(&str, &str)],
+) -> Receiver {
+    let dir = work.join(repo.replace('/', "_"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = format!("{}/{repo}:1", reg.host());
+    let mut env = vec![("RUNR_UPLOAD_TARGET", target.as_str())];
+    env.extend_from_slice(extra);
+    Receiver::for_data(&dir, data, &env)
+}
+
+fn put_range(r: &Receiver, data: &[u8], chunks: impl Iterator<Item = usize>) {
+    for i in chunks {
+        let start = i * CHUNK;
+        let end = (start + CHUNK).min(data.len());
+        let (code, body) = r.put(start as u64, &data[start..end]);
+        assert_eq!(code, 200, "{body}");
+    }
+}
+
+fn chunk_count(data: &[u8]) -> usize {
+    data.len().div_ceil(CHUNK)
+}
+
+fn finished(r: &Receiver) -> Value {
+    r.wait_status("the push to end", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    })
+}
+
+fn has_blob(reg: &Registry, repo: &str, digest: &str) -> bool {
+    http_get_status(reg.addr(), &format!("/v2/{repo}/blobs/{digest}")) == Some(200)
+}
+
+fn has_manifest(reg: &Registry, repo: &str, reference: &str) -> bool {
+    http_get_status(reg.addr(), &format!("/v2/{repo}/manifests/{reference}")) == Some(200)
+}
+
+/// Where the last entry of at least 1 MiB ends in the tar `data`: the bytes after it (small
+/// entries, the end blocks) are what an in-order upload still has to send once every large
+/// blob arrived.
+fn after_large_blobs(data: &[u8]) -> usize {
+    let mut tar = tar::Archive::new(data);
+    let mut end = 0;
+    for entry in tar.entries().unwrap() {
+        let entry = entry.unwrap();
+        if entry.size() >= 1 << 20 {
+            end = end.max(entry.raw_file_position() + entry.size());
+        }
+    }
+    assert!(end > 0 && (end as usize) < data.len());
+    end as usize
+}
+
+/// Sends the file in order up to the end of its last large blob and waits until the follower
+/// pushed every large blob, with nothing visible (no tag, no manifest); then the rest. The tail
+/// is held back because the follower leaves to the pass what it reaches only once the whole
+/// file is there.
+fn streamed_before_complete(
+    r: &Receiver,
+    reg: &Registry,
+    repo: &str,
+    data: &[u8],
+    blobs: &[String],
+) {
+    let tail = after_large_blobs(data);
+    put_range(r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let s = r.wait_status("the follower to push the large blobs", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= blobs.len() as u64
+    });
+    assert_eq!(s["status"], "receiving", "{s}");
+    for d in blobs {
+        assert!(
+            has_blob(reg, repo, d),
+            "{d} is not in the registry before complete"
+        );
+    }
+    assert!(!has_manifest(reg, repo, "1"), "a tag before complete");
+    let log = r.log();
+    assert!(
+        log.matches("blob pushed while the upload arrives").count() >= blobs.len(),
+        "{log}"
+    );
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+}
+
+/// The same file, last chunk first, into `repo`: what the after-complete pass pushes.
+fn pushed_after_complete(
+    work: &Path,
+    reg: &Registry,
+    repo: &str,
+    data: &[u8],
+    extra: &[(&str, &str)],
+) -> Value {
+    let r = receiver(work, reg, repo, data, extra);
+    put_range(&r, data, (0..chunk_count(data)).rev());
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    s
+}
+
+/// skopeo pulls the tag back: every blob byte for byte.
+fn pulled_whole(reg: &Registry, repo: &str, image: &TestImage) {
+    let out = tempfile::tempdir().unwrap();
+    let got = skopeo_output(&[
+        "copy",
+        "--retry-times",
+        "0",
+        "--src-tls-verify=false",
+        &format!("docker://{}/{repo}:1", reg.host()),
+        &format!("dir:{}", out.path().display()),
+    ]);
+    assert!(got.success(), "{got:?}");
+    for blob in image.blobs() {
+        let hex = blob.digest.strip_prefix("sha256:").unwrap();
+        let data = std::fs::read(out.path().join(hex)).unwrap();
+        assert!(data == blob.data, "{} differs", blob.digest);
+    }
+}
+
+fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]) {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = format!("runr-uploads/platform/{format}-stream");
+    let r = receiver(work.path(), &reg, &repo, data, extra);
+    streamed_before_complete(&r, &reg, &repo, data, &large(image));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_whole(&reg, &repo, image);
+    let blobs = image.blobs().len() as u64;
+    let bytes = image.blob_bytes();
+    assert_eq!(
+        s["push"],
+        serde_json::json!({"blobs": blobs, "blobs_pushed": blobs, "bytes": bytes, "bytes_pushed": bytes}),
+        "{s}"
+    );
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        &format!("runr-uploads/platform/{format}-pass"),
+        data,
+        extra,
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
+    assert_eq!(s["image"]["source_format"], format, "{s}");
+}
+
+#[test]
+fn an_oci_archive_in_order_is_in_the_registry_before_complete() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    in_order(&data, &image, "oci", &[]);
+}
+
+#[test]
+fn a_classic_archive_in_order_is_in_the_registry_before_complete() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    // Layers pushed as they are: with gzip the pass compresses them after complete.
+    in_order(
+        &classic_archive(&image),
+        &image,
+        "docker",
+        &[("RUNR_UPLOAD_COMPRESS", "none")],
+    );
+}
+
+#[test]
+fn a_whole_gzip_archive_is_pushed_after_complete() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = gzip(&classic_archive(&image));
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = "runr-uploads/platform/gz";
+    let r = receiver(
+        work.path(),
+        &reg,
+        repo,
+        &data,
+        &[("RUNR_UPLOAD_COMPRESS", "none")],
+    );
+    put_range(&r, &data, 0..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert!(
+        !r.log().contains("blob pushed while the upload arrives"),
+        "{}",
+        r.log()
+    );
+    pulled_whole(&reg, repo, &image);
+}
+
+#[test]
+fn a_mismatch_after_streaming_leaves_no_tag_and_no_manifest() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/mismatch";
+    let wrong = sha256_hex(b"another file");
+    let r = receiver(
+        work.path(),
+        &reg,
+        repo,
+        &data,
+        &[("RUNR_UPLOAD_SHA256", wrong.as_str())],
+    );
+    streamed_before_complete(&r, &reg, repo, &data, &large(&image));
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the upload to be reopened", |s| {
+        s["status"] == "ready" && s["message"].is_string()
+    });
+    assert!(s["message"].as_str().unwrap().contains(&wrong), "{s}");
+    assert!(!has_manifest(&reg, repo, "1"), "a tag after a mismatch");
+    assert!(
+        !has_manifest(&reg, repo, &image.manifest.digest),
+        "the manifest after a mismatch"
+    );
+    // What was streamed stays, unreferenced, for the registry's garbage collection.
+    for d in large(&image) {
+        assert!(has_blob(&reg, repo, &d), "{d}");
+    }
+}
+
+#[test]
+fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/killed";
+    let mut r = receiver(work.path(), &reg, repo, &data, &[]);
+    // The first chunks only: the first large blob's push is under way, its end not there yet.
+    let first = &image.layers[0];
+    let name = format!(
+        "blobs/sha256/{}",
+        first.digest.strip_prefix("sha256:").unwrap()
+    );
+    let at = data
+        .windows(name.len())
+        .position(|w| w == name.as_bytes())
+        .expect("the blob's tar header");
+    let upto = (at + first.data.len() / 2) / CHUNK;
+    put_range(&r, &data, 0..upto);
+    r.wait_status("the first large blob to stream", |s| {
+        s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+    });
+    assert!(!has_blob(&reg, repo, &first.digest));
+    r.kill9();
+    r.restart();
+    put_range(&r, &data, upto..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_whole(&reg, repo, &image);
+}
+
+#[test]
+fn many_status_readers_during_the_push_see_monotone_progress() {
+    if !tools() {
+        return;
+    }
+    let image = TestImage::random("1", &[8 << 20, 8 << 20, 4 << 20, 100_000]);
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/readers";
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let addr = r.addr;
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..32)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let (mut blobs, mut bytes, mut answers) = (0u64, 0u64, 0u64);
+                while !done.load(Ordering::SeqCst) {
+                    let (code, s) = crate::harness::request(
+                        addr,
+                        "GET",
+                        "/status",
+                        &[],
+                        crate::harness::Body::None,
+                    );
+                    assert_eq!(code, 200, "{s}");
+                    assert!(s["status"].is_string() && s["size"].is_u64(), "{s}");
+                    answers += 1;
+                    let push = &s["push"];
+                    if push.is_null() {
+                        assert_eq!((blobs, bytes), (0, 0), "push disappeared: {s}");
+                        continue;
+                    }
+                    let get = |k: &str| push[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+                    let (bp, b, yp, y) = (
+                        get("blobs_pushed"),
+                        get("blobs"),
+                        get("bytes_pushed"),
+                        get("bytes"),
+                    );
+                    assert!(bp <= b && yp <= y, "more done than known: {s}");
+                    assert!(bp >= blobs && yp >= bytes, "progress went back: {s}");
+                    (blobs, bytes) = (bp, yp);
+                }
+                answers
+            })
+        })
+        .collect();
+    put_range(&r, &data, 0..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    done.store(true, Ordering::SeqCst);
+    for reader in readers {
+        assert!(reader.join().expect("a reader panicked") > 0);
+    }
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
+    pulled_whole(&reg, repo, &image);
+}
+
+/// Chunks in a shuffled order: the prefix grows in jumps, the follower takes what it reaches
+/// before the whole file is there, the pass the rest; the image is the one pushed in order.
+#[test]
+fn a_shuffled_upload_is_pushed_whole() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = oci_archive(&image, work.path());
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/shuffled";
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let mut order: Vec<usize> = (0..chunk_count(&data)).collect();
+    // A fixed permutation (xorshift), so a failure reproduces.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    put_range(&r, &data, order.into_iter());
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
+    pulled_whole(&reg, repo, &image);
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        "runr-uploads/platform/shuffled-pass",
+        &data,
+        &[],
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
+}
