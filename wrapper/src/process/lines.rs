@@ -11,7 +11,6 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 use nix::errno::Errno;
-use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
 use crate::observe::logs::{HandlerLog, Stream};
@@ -53,11 +52,31 @@ impl LinePipe {
     /// logs it. Cancel-safe: nothing is read unless this completes. Split from the logging so
     /// that one `select!` can wait on several pipes that log into the same [`HandlerLog`].
     pub async fn fill(&mut self) {
-        self.pending.reserve(CHUNK);
-        match self.rx.read_buf(&mut self.pending).await {
-            Ok(0) | Err(_) => self.open = false,
-            Ok(_) => {}
+        loop {
+            if self.rx.readable().await.is_err() {
+                self.open = false;
+                return;
+            }
+            match self.read_ready_chunk() {
+                Ok(0) => self.open = false,
+                Ok(_) => {}
+                // Readiness tokio had cached from before a `drain_now`: cleared, wait again.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => self.open = false,
+            }
+            return;
         }
+    }
+
+    /// One read through a stack buffer, appended to `pending`: `pending` is allocated only
+    /// when output comes (most invocations write no log line, and musl's allocator maps and
+    /// unmaps a heap group for each 8 KiB buffer reserved per invocation), and the buffer is
+    /// not part of any future, which would make every request's future that much larger.
+    fn read_ready_chunk(&mut self) -> io::Result<usize> {
+        let mut chunk = [0u8; CHUNK];
+        let n = self.rx.try_read(&mut chunk)?;
+        self.pending.extend_from_slice(&chunk[..n]);
+        Ok(n)
     }
 
     /// Writes every complete line read so far to `log` (after EOF, the unfinished one too); a
