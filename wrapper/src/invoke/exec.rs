@@ -25,7 +25,7 @@ use crate::http::admission::Held;
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
-use crate::process::lines::LinePipe;
+use crate::process::lines::{self, LinePipe};
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
 use crate::response;
@@ -95,7 +95,7 @@ impl Exec {
     /// Whether `req`'s variables can be passed to the handler at all (the headers are what a
     /// client controls: one too long, or all together too many).
     pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
-        self.args.check(&req.exec_env())
+        self.args.check(req.exec_vars())
     }
 
     /// Runs the handler for `req` until `deadline` and maps what it did to an answer; its log
@@ -114,7 +114,7 @@ impl Exec {
             let mut cmd = Command::new(&self.program);
             cmd.arg0(&self.command[0])
                 .args(&self.command[1..])
-                .envs(req.exec_env())
+                .envs(req.exec_vars().iter().map(|(k, v)| (k, v)))
                 .stdin(child_end)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -425,27 +425,14 @@ fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
     }
 }
 
-/// Waits for output and reads what is there into `out`. Cancel-safe.
+/// Waits for output and reads what is there into `out`, through a stack buffer: `out` then
+/// grows only as far as the output goes (musl's allocator maps and unmaps large buffers, which
+/// costs per request). Cancel-safe.
 async fn read_some(r: &mut Option<pipe::Receiver>, out: &mut Vec<u8>) -> io::Result<usize> {
-    let Some(r) = r else { return Ok(0) };
-    loop {
-        r.readable().await?;
-        match read_chunk(r, out) {
-            // Readiness cached from before the last read: cleared, wait again.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            read => return read,
-        }
+    match r {
+        Some(r) => lines::poll_read_into(r, out).await,
+        None => Ok(0),
     }
-}
-
-/// One read into `out` through a stack buffer: `out` then grows only as far as the output goes
-/// (musl's allocator maps and unmaps large buffers, which costs per request), and the buffer is
-/// no part of the request's future.
-fn read_chunk(r: &pipe::Receiver, out: &mut Vec<u8>) -> io::Result<usize> {
-    let mut chunk = [0u8; 8192];
-    let n = r.try_read(&mut chunk)?;
-    out.extend_from_slice(&chunk[..n]);
-    Ok(n)
 }
 
 /// Bytes any pipe takes without a reader: a fresh pipe has room for at least one page

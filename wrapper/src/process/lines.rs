@@ -9,8 +9,11 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::{ready, Poll};
 
 use nix::errno::Errno;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::unix::pipe;
 
 use crate::observe::logs::{HandlerLog, Stream};
@@ -52,31 +55,10 @@ impl LinePipe {
     /// logs it. Cancel-safe: nothing is read unless this completes. Split from the logging so
     /// that one `select!` can wait on several pipes that log into the same [`HandlerLog`].
     pub async fn fill(&mut self) {
-        loop {
-            if self.rx.readable().await.is_err() {
-                self.open = false;
-                return;
-            }
-            match self.read_ready_chunk() {
-                Ok(0) => self.open = false,
-                Ok(_) => {}
-                // Readiness tokio had cached from before a `drain_now`: cleared, wait again.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(_) => self.open = false,
-            }
-            return;
+        match poll_read_into(&mut self.rx, &mut self.pending).await {
+            Ok(0) | Err(_) => self.open = false,
+            Ok(_) => {}
         }
-    }
-
-    /// One read through a stack buffer, appended to `pending`: `pending` is allocated only
-    /// when output comes (most invocations write no log line, and musl's allocator maps and
-    /// unmaps a heap group for each 8 KiB buffer reserved per invocation), and the buffer is
-    /// not part of any future, which would make every request's future that much larger.
-    fn read_ready_chunk(&mut self) -> io::Result<usize> {
-        let mut chunk = [0u8; CHUNK];
-        let n = self.rx.try_read(&mut chunk)?;
-        self.pending.extend_from_slice(&chunk[..n]);
-        Ok(n)
     }
 
     /// Writes every complete line read so far to `log` (after EOF, the unfinished one too); a
@@ -142,6 +124,23 @@ pub fn take_lines(pending: &mut Vec<u8>, eof: bool, mut emit: impl FnMut(&[u8]))
         start = pending.len();
     }
     pending.drain(..start);
+}
+
+/// Waits for output of `rx` and appends one read of it to `out`; `Ok(0)` at EOF. Cancel-safe.
+///
+/// Through a stack buffer that lives only while the pipe is polled: `out` is allocated only
+/// as far as output comes (most invocations write no log line, and musl's allocator maps and
+/// unmaps a heap group for an 8 KiB buffer reserved per invocation), and the buffer is no part
+/// of the future, which would make every connection's request future that much larger.
+pub async fn poll_read_into(rx: &mut pipe::Receiver, out: &mut Vec<u8>) -> io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        let mut chunk = [0u8; CHUNK];
+        let mut buf = ReadBuf::new(&mut chunk);
+        ready!(Pin::new(&mut *rx).poll_read(cx, &mut buf))?;
+        out.extend_from_slice(buf.filled());
+        Poll::Ready(Ok(buf.filled().len()))
+    })
+    .await
 }
 
 /// One `read(2)` on a non-blocking pipe: `Err(WouldBlock)` when it is empty right now.
