@@ -15,7 +15,8 @@
 #
 #   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=4
 #   BEFORE=/path/to/older/runr-wrapper bash bench/wrapper.sh   # peak RSS of that binary too,
-#                                    # and persistent mode with it (what always-on parts cost)
+#                                    # exec and persistent mode with it (what always-on parts
+#                                    # cost), and its system calls per exec request
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -166,6 +167,13 @@ kill "$pid"; wait "$pid" || true
 
 NAMES="exec persistent"
 if [ -n "${BEFORE:-}" ]; then
+  echo "exec mode, $BEFORE ..." >&2
+  p=$(free_port)
+  start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$BEFORE"
+  pid=$PID
+  run exec_before "$p" "$pid"
+  kill "$pid"; wait "$pid" || true
+  NAMES="exec exec_before persistent"
   echo "persistent mode, $BEFORE ..." >&2
   p=$(free_port)
   start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BEFORE"
@@ -271,6 +279,12 @@ for c in 1 8 64; do
   awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v k="$FORK_CPU" -v c="$c" \
     'BEGIN { printf "exec c%-2s CPU per request: %s us, %.2fx the spawn floor (target <= 1.10), %.2fx the fork floor\n", c, e, e / f, e / k }'
 done
+if [ -n "$BEFORE" ]; then
+  for c in 1 8 64; do
+    awk -v e="${CPU[exec_before,$c]}" -v f="$FLOOR_CPU" -v s="${SELF[exec_before,$c]}" -v p="${SELF[persistent,$c]}" -v c="$c" \
+      'BEGIN { printf "exec c%-2s with BEFORE: %.2fx the spawn floor, wrapper CPU %.2fx persistent mode'"'"'s\n", c, e / f, s / p }'
+  done
+fi
 for c in 1 8 64; do
   awk -v e="${SELF[exec,$c]}" -v p="${SELF[persistent,$c]}" -v c="$c" \
     'BEGIN { printf "exec c%-2s wrapper CPU per request: %s us, %.2fx persistent mode'"'"'s %s us (target <= 2)\n", c, e, e / p, p }'
