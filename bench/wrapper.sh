@@ -15,7 +15,8 @@
 #
 #   bash bench/wrapper.sh            # DURATION=5 (seconds per wrk run), WORKERS=4
 #   BEFORE=/path/to/older/runr-wrapper bash bench/wrapper.sh   # peak RSS of that binary too,
-#                                    # and persistent mode with it (what always-on parts cost)
+#                                    # exec and persistent mode with it (what always-on parts
+#                                    # cost), and its system calls per exec request
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,6 +123,34 @@ run exec "$p" "$pid"
 LOADED_RSS=$(awk '/VmHWM/ { print $2 }' /proc/"$pid"/status)
 kill "$pid"; wait "$pid" || true
 
+# System calls of the wrapper process per exec request (strace -c on it alone, not its
+# children; 500 sequential keep-alive requests): a count that holds on a busy machine, where
+# the CPU columns do not. Prints "total name=count ..." per request, the largest first.
+syscalls_per_request() { # binary
+  local p pid n=500
+  command -v strace >/dev/null || { echo "no strace"; return; }
+  p=$(free_port)
+  env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat \
+    strace -c -U calls,name -o "$OUT/strace.txt" "$1" >/dev/null 2>>"$OUT/wrapper.log" &
+  pid=$!
+  wait_port "$p"
+  python3 - "$p" "$n" <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    c.request("POST", "/", body=b"x" * 100, headers={"Content-Type": "text/plain"})
+    c.getresponse().read()
+PY
+  # The wrapper stops on SIGTERM, and strace then writes its counts.
+  kill $(cat /proc/"$pid"/task/*/children); wait "$pid" || true
+  # Start-up and the wait_port request are in the counts too: a few calls in all.
+  awk -v n="$n" '$1 ~ /^[0-9]+$/ && NF == 2 && $1 / n >= 0.5 { printf "%.1f %s\n", $1 / n, $2 }' "$OUT/strace.txt" |
+    sort -rn | awk '{ printf "%s%s=%s", (NR > 1 ? " " : ""), $2, $1 }'
+}
+echo "exec mode system calls ..." >&2
+SYSCALLS=$(syscalls_per_request "$BIN")
+[ -n "$BEFORE" ] && SYSCALLS_BEFORE=$(syscalls_per_request "$BEFORE")
+
 echo "persistent mode ..." >&2
 p=$(free_port)
 start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BIN"
@@ -138,6 +167,13 @@ kill "$pid"; wait "$pid" || true
 
 NAMES="exec persistent"
 if [ -n "${BEFORE:-}" ]; then
+  echo "exec mode, $BEFORE ..." >&2
+  p=$(free_port)
+  start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat "$BEFORE"
+  pid=$PID
+  run exec_before "$p" "$pid"
+  kill "$pid"; wait "$pid" || true
+  NAMES="exec exec_before persistent"
   echo "persistent mode, $BEFORE ..." >&2
   p=$(free_port)
   start "$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=persistent RUNR_WORKERS="$WORKERS" RUNR_COMMAND="$PWD/$OUT/echo_worker" "$BEFORE"
@@ -241,8 +277,20 @@ printf 'spawn floor (posix_spawn+pipe+wait of cat, sequential): %s us CPU, %s us
 printf 'fork floor (fork+execve+waitpid of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FORK_CPU" "$FORK_WALL"
 for c in 1 8 64; do
   awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v k="$FORK_CPU" -v c="$c" \
-    'BEGIN { printf "exec c%-2s CPU per request: %s us, %.2fx the spawn floor, %.2fx the fork floor\n", c, e, e / f, e / k }'
+    'BEGIN { printf "exec c%-2s CPU per request: %s us, %.2fx the spawn floor (target <= 1.10), %.2fx the fork floor\n", c, e, e / f, e / k }'
 done
+if [ -n "$BEFORE" ]; then
+  for c in 1 8 64; do
+    awk -v e="${CPU[exec_before,$c]}" -v f="$FLOOR_CPU" -v s="${SELF[exec_before,$c]}" -v p="${SELF[persistent,$c]}" -v c="$c" \
+      'BEGIN { printf "exec c%-2s with BEFORE: %.2fx the spawn floor, wrapper CPU %.2fx persistent mode'"'"'s\n", c, e / f, s / p }'
+  done
+fi
+for c in 1 8 64; do
+  awk -v e="${SELF[exec,$c]}" -v p="${SELF[persistent,$c]}" -v c="$c" \
+    'BEGIN { printf "exec c%-2s wrapper CPU per request: %s us, %.2fx persistent mode'"'"'s %s us (target <= 2)\n", c, e, e / p, p }'
+done
+printf 'exec mode, system calls of the wrapper per request: %s\n' "$SYSCALLS"
+[ -n "$BEFORE" ] && printf 'exec mode, system calls per request with BEFORE:    %s\n' "$SYSCALLS_BEFORE"
 printf '\npeak RSS, 64 concurrent 9 MiB requests (targets: json <= 695 MiB, raw <= 608 MiB, json with RUNR_MAX_INFLIGHT=8 <= 115 MiB)\n'
 printf '%-28s %10s %10s\n' input after "${BEFORE:+before}"
 for k in json raw json8; do

@@ -9,6 +9,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -70,6 +71,8 @@ pub struct Request {
     /// and exec mode's `RUNR_DEADLINE_MS` (added to the spec's envelope; set by whoever knows
     /// the deadline, absent until then).
     pub deadline_ms: Option<u64>,
+    /// [`Request::exec_vars`], once built.
+    exec_vars: OnceLock<Vec<(OsString, OsString)>>,
 }
 
 impl Request {
@@ -127,6 +130,7 @@ impl Request {
             body: Bytes::new(),
             event,
             deadline_ms: None,
+            exec_vars: OnceLock::new(),
         }
     }
 
@@ -189,6 +193,14 @@ impl Request {
         let mut stream = EnvelopeStream::new(self);
         while stream.next_piece(&mut out) {}
         out
+    }
+
+    /// [`Request::exec_env`], built on the first call and kept: exec mode checks the variables
+    /// against what execve takes before admission and passes the same to the handler, and each
+    /// build is two allocations per variable. Everything they are made of (the headers,
+    /// `deadline_ms`, the event) must be set before the first call.
+    pub fn exec_vars(&self) -> &[(OsString, OsString)] {
+        self.exec_vars.get_or_init(|| self.exec_env())
     }
 
     /// The per-invocation variables of exec mode (`RUNR_TRIGGER`, `RUNR_HEADER_<NAME>`, ...),

@@ -3,6 +3,8 @@
 //! to the logs line by line, tied to the invocation; the process group dies on timeout (after
 //! `RUNR_KILL_GRACE`, if set).
 
+use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -12,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
@@ -23,7 +25,7 @@ use crate::http::admission::Held;
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
-use crate::process::lines::LinePipe;
+use crate::process::lines::{self, LinePipe};
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
 use crate::response;
@@ -93,7 +95,7 @@ impl Exec {
     /// Whether `req`'s variables can be passed to the handler at all (the headers are what a
     /// client controls: one too long, or all together too many).
     pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
-        self.args.check(&req.exec_env())
+        self.args.check(req.exec_vars())
     }
 
     /// Runs the handler for `req` until `deadline` and maps what it did to an answer; its log
@@ -108,22 +110,27 @@ impl Exec {
         held: &mut Held,
     ) -> Outcome {
         let cold_start = !INVOKED.swap(true, Ordering::Relaxed);
-        let mut cmd = Command::new(&self.program);
-        cmd.arg0(&self.command[0])
-            .args(&self.command[1..])
-            .envs(req.exec_env())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(dir) = &self.cwd {
-            cmd.current_dir(dir);
-        }
-        let spawned = if self.result_fd {
-            process::spawn_with_result_fd(&mut cmd)
-        } else {
-            process::spawn(&mut cmd)
-        };
-        let mut proc = match spawned {
+        let spawned = Stdin::pipe().and_then(|(child_end, stdin)| {
+            let mut cmd = Command::new(&self.program);
+            cmd.arg0(&self.command[0])
+                .args(&self.command[1..])
+                .envs(req.exec_vars().iter().map(|(k, v)| (k, v)))
+                .stdin(child_end)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(dir) = &self.cwd {
+                cmd.current_dir(dir);
+            }
+            let spawned = if self.result_fd {
+                process::spawn_with_result_fd(&mut cmd)
+            } else {
+                process::spawn(&mut cmd)
+            };
+            // `cmd` goes here, and with it our copy of the child's end of stdin: with that
+            // open, a handler that exits without reading would never be seen to.
+            spawned.map(|p| (p, stdin))
+        });
+        let (mut proc, stdin) = match spawned {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(command = ?self.command, error = %e, "handler failed to start");
@@ -135,7 +142,6 @@ impl Exec {
         };
         let _in_flight = metrics::get().in_flight();
         let mut log = HandlerLog::invocation(tag);
-        let stdin = proc.stdin.take();
         let stdout = proc.stdout.take();
         let stderr = proc.stderr.take().map(|r| LinePipe::new(r, Stream::Stderr));
         let mut pipes = match proc.result.take() {
@@ -162,7 +168,7 @@ impl Exec {
             deadline,
             collect(
                 &mut proc,
-                stdin,
+                Some(stdin),
                 &mut pipes,
                 &mut log,
                 input,
@@ -270,7 +276,7 @@ enum Feed<'a> {
 impl Feed<'_> {
     /// Writes all of it. EPIPE means the handler does not read (all of) its input, which is
     /// its right: the rest is not fed. A streamed body that fails is an error.
-    async fn write_to(self, w: &mut pipe::Sender) -> Result<(), BodyError> {
+    async fn write_to(self, w: &mut Stdin) -> Result<(), BodyError> {
         match self {
             Feed::Envelope(req) => {
                 let mut envelope = EnvelopeStream::new(req);
@@ -337,7 +343,7 @@ fn answer(exit: Exit, stdout: Vec<u8>) -> Outcome {
 /// until the handler exits.
 async fn collect(
     proc: &mut Process,
-    stdin: Option<pipe::Sender>,
+    stdin: Option<Stdin>,
     pipes: &mut Pipes,
     log: &mut HandlerLog,
     input: Feed<'_>,
@@ -419,16 +425,74 @@ fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
     }
 }
 
-/// Reads what is there into `out`. Through a stack buffer: `out` then grows only as far as the
-/// output goes (musl's allocator maps and unmaps large buffers, which costs per request).
-async fn read_some(r: &mut Option<pipe::Receiver>, out: &mut Vec<u8>) -> std::io::Result<usize> {
+/// Waits for output and reads what is there into `out`, through a stack buffer: `out` then
+/// grows only as far as the output goes (musl's allocator maps and unmaps large buffers, which
+/// costs per request). Cancel-safe.
+async fn read_some(r: &mut Option<pipe::Receiver>, out: &mut Vec<u8>) -> io::Result<usize> {
     match r {
-        Some(r) => {
-            let mut chunk = [0u8; 8192];
-            let n = r.read(&mut chunk).await?;
-            out.extend_from_slice(&chunk[..n]);
-            Ok(n)
-        }
+        Some(r) => lines::poll_read_into(r, out).await,
         None => Ok(0),
+    }
+}
+
+/// Bytes any pipe takes without a reader: a fresh pipe has room for at least one page
+/// (`PIPE_BUF`), even when the user's pipe buffers are over the kernel's soft limit.
+const PIPE_BUF: usize = 4096;
+
+/// The handler's stdin. Written without the event loop while all that was written fits in
+/// [`PIPE_BUF`], which a fresh pipe takes without blocking whatever the handler does: the
+/// usual small request or envelope then costs no non-blocking mode and no registration with
+/// the runtime (three system calls per invocation). Past that, made non-blocking and written
+/// through the runtime.
+struct Stdin {
+    /// Blocking (the mode the child's end has too, a separate open file), with the bytes
+    /// written to it so far; `None` once past [`PIPE_BUF`].
+    fresh: Option<(OwnedFd, usize)>,
+    polled: Option<pipe::Sender>,
+}
+
+impl Stdin {
+    /// A new pipe: the child's end (close-on-exec: std dups it onto fd 0) and ours.
+    fn pipe() -> io::Result<(Stdio, Stdin)> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let stdin = Stdin {
+            fresh: Some((write, 0)),
+            polled: None,
+        };
+        Ok((Stdio::from(read), stdin))
+    }
+
+    async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if let Some((fd, written)) = &mut self.fresh {
+            if *written + buf.len() <= PIPE_BUF {
+                write_fresh(fd, buf)?;
+                *written += buf.len();
+                return Ok(());
+            }
+        }
+        if let Some((fd, _)) = self.fresh.take() {
+            self.polled = Some(process::sender(fd)?);
+        }
+        match &mut self.polled {
+            Some(w) => w.write_all(buf).await,
+            None => Err(io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+}
+
+/// Writes `buf` whole to a blocking pipe that has room for it (see [`Stdin`]): a write of at
+/// most `PIPE_BUF` bytes is atomic, so it is either all taken or fails (EPIPE: the handler
+/// closed its stdin or exited, which is its right).
+fn write_fresh(fd: &OwnedFd, buf: &[u8]) -> io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    loop {
+        match nix::unistd::write(fd, buf) {
+            Ok(n) if n == buf.len() => return Ok(()),
+            Ok(_) => return Err(io::ErrorKind::WriteZero.into()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
 }

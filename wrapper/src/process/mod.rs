@@ -15,6 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncBufReadExt;
@@ -76,15 +77,9 @@ fn spawn_inner(cmd: &mut Command, with_result: bool) -> io::Result<Process> {
     };
     // The child has its copy of the write end; ours must go, or EOF would never come.
     let result = result.map(|(read, _write)| read);
-    let stdin = pipes
-        .0
-        .map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)));
-    let stdout = pipes
-        .1
-        .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
-    let stderr = pipes
-        .2
-        .map(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)));
+    let stdin = pipes.0.map(|s| sender(OwnedFd::from(s)));
+    let stdout = pipes.1.map(|s| receiver(OwnedFd::from(s)));
+    let stderr = pipes.2.map(|s| receiver(OwnedFd::from(s)));
     let mut process = Process {
         pid,
         exit,
@@ -98,8 +93,27 @@ fn spawn_inner(cmd: &mut Command, with_result: bool) -> io::Result<Process> {
     process.stdin = stdin.transpose()?;
     process.stdout = stdout.transpose()?;
     process.stderr = stderr.transpose()?;
-    process.result = result.map(pipe::Receiver::from_owned_fd).transpose()?;
+    process.result = result.map(receiver).transpose()?;
     Ok(process)
+}
+
+/// The writing end of a pipe made here or by std (so a pipe, opened for writing), made
+/// non-blocking and registered with the runtime. tokio's `from_owned_fd` would check both
+/// first with an fstat and an F_GETFL: two system calls per pipe, per exec invocation.
+pub fn sender(fd: OwnedFd) -> io::Result<pipe::Sender> {
+    pipe::Sender::from_owned_fd_unchecked(nonblocking(fd)?)
+}
+
+/// The reading end of a pipe made here or by std, as [`sender`] does it.
+pub fn receiver(fd: OwnedFd) -> io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd_unchecked(nonblocking(fd)?)
+}
+
+/// `fd` with `O_NONBLOCK` set, its only status flag: a fresh pipe end has no other (the access
+/// mode is not changed by F_SETFL). Only our end: the child's is another open file.
+fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok(fd)
 }
 
 impl Process {
@@ -173,11 +187,11 @@ pub struct StdinPipe {
 
 /// A new [`StdinPipe`] (close-on-exec, so no other child inherits our ends).
 pub fn stdin_pipe() -> io::Result<StdinPipe> {
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     let unread = read.try_clone()?;
     Ok(StdinPipe {
         child: Stdio::from(read),
-        writer: pipe::Sender::from_owned_fd(write)?,
+        writer: sender(write)?,
         unread,
     })
 }
