@@ -16,6 +16,7 @@ pub mod http;
 pub mod httpd;
 pub mod logfmt;
 pub mod oci;
+pub mod otlp;
 pub mod pki;
 pub mod range_cache;
 pub mod redis;
