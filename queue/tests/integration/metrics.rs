@@ -1,16 +1,12 @@
 //! `/metrics` and `/healthz` on `RUNR_QUEUE_METRICS_PORT`: the text read back with Prometheus'
-//! own parser (prometheus_client, as the wrapper's tests do), every count checked against what
+//! own parser (prometheus_client, through testkit, as the wrapper's tests do), every count checked against what
 //! the test made happen, the group's figures read from Redis, and the health following Redis.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
 
 use runr_testkit::redis::Redis;
 use runr_testkit::wait_for;
-use serde_json::Value;
 
 use crate::support::*;
 
@@ -42,52 +38,26 @@ fn scrape(addr: SocketAddr) -> Scrape {
     parse(&r.body)
 }
 
-/// `body` read by prometheus_client's parser; panics when it does not parse.
+/// `body` read by prometheus_client's parser (testkit's); panics when it does not parse.
 fn parse(body: &[u8]) -> Scrape {
-    // The wrapper's fixture: the official client's parser, samples as JSON.
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../wrapper/tests/fixtures/prom_parse.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    child.stdin.take().unwrap().write_all(body).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(body).into_owned();
-    assert!(
-        out.status.success(),
-        "prometheus_client could not parse:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut samples = BTreeMap::new();
-    for s in parsed["samples"].as_array().unwrap() {
-        let labels: Vec<String> = s[1]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap()))
-            .collect();
-        let name = if labels.is_empty() {
-            s[0].as_str().unwrap().to_string()
-        } else {
-            format!("{}{{{}}}", s[0].as_str().unwrap(), labels.join(","))
-        };
-        samples.insert(name, s[2].as_f64().unwrap());
-    }
-    let types = parsed["types"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+    let parsed = runr_testkit::prom::parse(body);
+    let samples = parsed
+        .samples
+        .into_iter()
+        .map(|(name, labels, value)| {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let name = if labels.is_empty() {
+                name
+            } else {
+                format!("{name}{{{}}}", labels.join(","))
+            };
+            (name, value)
+        })
         .collect();
     Scrape {
         samples,
-        types,
-        text,
+        types: parsed.types,
+        text: String::from_utf8_lossy(body).into_owned(),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod logfmt;
 pub mod oci;
 pub mod otlp;
 pub mod pki;
+pub mod prom;
 pub mod range_cache;
 pub mod redis;
 pub mod server;
