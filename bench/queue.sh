@@ -6,8 +6,12 @@
 # the consumer's CPU per entry (user + system, from /proc), its peak RSS (VmHWM); for the queue
 # run also the wrapper's CPU per entry. The entries are loaded before the consumer starts (the
 # group is created at 0), so the figure is the drain rate of a backlog.
+# The cost of observation, in the same run: ROUNDS rounds, each running the consumer plain, with
+# RUNR_QUEUE_METRICS_PORT, and with the metrics and the OTLP export of every delivery span to a
+# collector stand-in (python3, answers 200), interleaved so a busy machine slows all three alike;
+# reported as each variant's median and the median of its per-round ratio to the plain run.
 #
-#   bash bench/queue.sh          # ENTRIES=20000 CONCURRENCY=64 WORKERS=4 BODY=100 (bytes per entry)
+#   bash bench/queue.sh          # ENTRIES=20000 CONCURRENCY=64 WORKERS=4 BODY=100 (bytes per entry) ROUNDS=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +19,7 @@ ENTRIES=${ENTRIES:-20000}
 CONCURRENCY=${CONCURRENCY:-64}
 WORKERS=${WORKERS:-4}
 BODY=${BODY:-100}
+ROUNDS=${ROUNDS:-3}
 TARGET=x86_64-unknown-linux-musl
 OUT=$PWD/bench/out/queue
 mkdir -p "$OUT"
@@ -128,8 +133,48 @@ measure() { # name stream command...
   CPU[$name.wrapper]=$(awk -v t=$((w1 - w0)) -v n="$ENTRIES" -v k="$clk" 'BEGIN { printf "%.1f", t / k / n * 1e6 }')
 }
 
-echo "runr-queue -> runr-wrapper (persistent, $WORKERS echo workers) ..." >&2
-measure queue bench-queue "$QUEUE"
+# The collector stand-in: reads each export and answers 200 (what the exporter waits for).
+CPORT=$(free_port)
+python3 - "$CPORT" <<'EOF' 2>"$OUT/collector.log" &
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+EOF
+PIDS+=($!)
+
+VARIANTS=(plain metrics otlp)
+declare -A RATES CPUS
+for round in $(seq "$ROUNDS"); do
+  for v in "${VARIANTS[@]}"; do
+    echo "round $round: runr-queue ($v) -> runr-wrapper (persistent, $WORKERS echo workers) ..." >&2
+    case $v in
+      plain) measure "$v" "bench-$v" "$QUEUE" ;;
+      metrics) measure "$v" "bench-$v" RUNR_QUEUE_METRICS_PORT=0 "$QUEUE" ;;
+      otlp) measure "$v" "bench-$v" RUNR_QUEUE_METRICS_PORT=0 \
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$CPORT" "$QUEUE" ;;
+    esac
+    RATES[$v]="${RATES[$v]:-} ${RATE[$v]}"
+    CPUS[$v]="${CPUS[$v]:-} ${CPU[$v]}"
+    if [ "$round" = 1 ] && [ "$v" = plain ]; then
+      RATE[queue]=${RATE[plain]} CPU[queue]=${CPU[plain]} RSS[queue]=${RSS[plain]}
+      CPU[queue.wrapper]=${CPU[plain.wrapper]}
+    fi
+  done
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+ratios() { # variant: its rate over the plain run's, per round
+  paste -d' ' <(tr ' ' '\n' <<<"${RATES[$1]}" | grep -v '^$') <(tr ' ' '\n' <<<"${RATES[plain]}" | grep -v '^$') |
+    awk '{ printf "%.3f ", $1 / $2 }'
+}
 
 echo "floor: XREADGROUP/XACK without HTTP ..." >&2
 # The floor exits once it acknowledged every entry; GNU time reports its CPU and peak RSS.
@@ -150,6 +195,14 @@ echo "$ENTRIES entries of $BODY bytes, RUNR_QUEUE_CONCURRENCY=$CONCURRENCY; wrap
 printf '\n%-34s %10s %16s %14s %18s\n' run entries/s consumer_us/entry peak_rss_MiB wrapper_us/entry
 printf '%-34s %10s %16s %14s %18s\n' "runr-queue -> wrapper (HTTP)" "${RATE[queue]}" "${CPU[queue]}" "${RSS[queue]}" "${CPU[queue.wrapper]}"
 printf '%-34s %10s %16s %14s %18s\n' "floor: XREADGROUP/XACK, no HTTP" "${RATE[floor]}" "${CPU[floor]}" "${RSS[floor]}" "-"
+echo
+echo "observation cost, $ROUNDS interleaved rounds (entries/s per round; ratio to plain per round, median;"
+echo "consumer CPU µs/entry per round, median):"
+for v in "${VARIANTS[@]}"; do
+  printf '  %-8s %-24s median %8s   ratio %s(median %s)   cpu %s(median %s)\n' "$v" "${RATES[$v]}" \
+    "$(median <<<"${RATES[$v]}")" "$(ratios "$v")" "$(ratios "$v" | median)" "${CPUS[$v]# }" "$(median <<<"${CPUS[$v]}")"
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "targets: >= 5000 entries/s end to end, consumer peak RSS <= 16 MiB"
 echo "binary: $(stat -c %s "$QUEUE" | awk '{ printf "%.2f MiB", $1 / 1048576 }') ($(file -b "$QUEUE" | grep -oE 'static(-pie)? linked' || echo 'NOT static'))"

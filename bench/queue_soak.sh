@@ -8,7 +8,13 @@
 #              and "victim", killed with SIGKILL every KILL_EVERY seconds and started again under a
 #              new name (its entries must be claimed by the others after RUNR_QUEUE_CLAIM_IDLE)
 #   redis      stopped (SIGTERM) and started again every RESTART_EVERY seconds (append-only file,
-#              fsync always: what it acknowledged survives)
+#              fsync always: what it acknowledged survives); or, with SENTINEL=1, a master, its
+#              replica and one redis-sentinel, every client on `redis+sentinel://` (the producer
+#              asks the sentinel for the master each second), and `SENTINEL FAILOVER` every
+#              FAILOVER_EVERY seconds instead of the restarts. Writes the old master took and did
+#              not replicate before a promotion are gone from the stream: the producer ends each
+#              second with `WAIT 1`, and an entry processed but gone is counted apart
+#              (processed_ids_not_in_stream), as are duplicates (acks the old master took last)
 #   redrive    during the first half the producer also XADDs POISON_RATE "poison" entries a second,
 #              which the handler fails every time until it is "fixed": they are dead-lettered after
 #              RUNR_QUEUE_MAX_ATTEMPTS. At two thirds of the run the handler is fixed and
@@ -22,6 +28,7 @@
 # redriven copy was. Exits 1 when anything was lost or a redrive failed.
 #
 #   bash bench/queue_soak.sh     # DURATION=180 RATE=40 POISON_RATE=2 KILL_EVERY=25 RESTART_EVERY=45
+#   SENTINEL=1 bash bench/queue_soak.sh    # FAILOVER_EVERY=40 instead of the restarts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,12 +37,16 @@ RATE=${RATE:-40}
 POISON_RATE=${POISON_RATE:-2}
 KILL_EVERY=${KILL_EVERY:-25}
 RESTART_EVERY=${RESTART_EVERY:-45}
+SENTINEL=${SENTINEL:-0}
+FAILOVER_EVERY=${FAILOVER_EVERY:-40}
 TARGET=x86_64-unknown-linux-musl
 OUT=$PWD/bench/out/queue-soak
 rm -rf "$OUT"
 mkdir -p "$OUT/redis"
 
-for tool in redis-server redis-cli python3 bash; do
+tools=(redis-server redis-cli python3 bash)
+[ "$SENTINEL" = 1 ] && tools+=(redis-sentinel)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "soak needs $tool" >&2; exit 1; }
 done
 
@@ -50,24 +61,54 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [ -n "${REDIS_PID:-}" ] && kill -9 "$REDIS_PID" 2>/dev/null || true
+  for p in "${REDIS_PID:-}" "${REPLICA_PID:-}" "${SENTINEL_PID:-}"; do
+    [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+  done
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
 
 RPORT=$(free_port)
-R() { redis-cli -p "$RPORT" "$@"; }
+R2PORT=$(free_port)
+SPORT=$(free_port)
+SERVICE=soak-master
+# The master's port: the sentinel's word with SENTINEL=1.
+master_port() {
+  if [ "$SENTINEL" = 1 ]; then
+    redis-cli -p "$SPORT" SENTINEL get-master-addr-by-name "$SERVICE" 2>/dev/null | sed -n 2p
+  else
+    echo "$RPORT"
+  fi
+}
+R() { redis-cli -p "$(master_port)" "$@"; }
 REDIS_PID=""
+if [ "$SENTINEL" = 1 ]; then URL="redis+sentinel://127.0.0.1:$SPORT/$SERVICE"; else URL="redis://127.0.0.1:$RPORT"; fi
 redis_start() {
   redis-server --port "$RPORT" --bind 127.0.0.1 --protected-mode no --dir "$OUT/redis" \
     --appendonly yes --appendfsync always --save '' --logfile "$OUT/redis/redis.log" &
   REDIS_PID=$!
-  for _ in $(seq 200); do R ping >/dev/null 2>&1 && return 0; sleep 0.05; done
+  for _ in $(seq 200); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && return 0; sleep 0.05; done
   echo "redis-server did not start" >&2
   exit 1
 }
 redis_stop() { kill -TERM "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""; }
 redis_start
+if [ "$SENTINEL" = 1 ]; then
+  mkdir -p "$OUT/replica" "$OUT/sentinel"
+  redis-server --port "$R2PORT" --bind 127.0.0.1 --protected-mode no --dir "$OUT/replica" \
+    --appendonly yes --appendfsync always --save '' --logfile "$OUT/replica/redis.log" \
+    --replicaof 127.0.0.1 "$RPORT" &
+  REPLICA_PID=$!
+  printf 'port %s\nbind 127.0.0.1\nprotected-mode no\ndir %s\nlogfile %s/sentinel.log\nsentinel monitor %s 127.0.0.1 %s 1\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n' \
+    "$SPORT" "$OUT/sentinel" "$OUT/sentinel" "$SERVICE" "$RPORT" "$SERVICE" "$SERVICE" >"$OUT/sentinel/sentinel.conf"
+  redis-sentinel "$OUT/sentinel/sentinel.conf" &
+  SENTINEL_PID=$!
+  for _ in $(seq 400); do
+    redis-cli -p "$SPORT" SENTINEL replicas "$SERVICE" 2>/dev/null | grep -q "$R2PORT" && break
+    sleep 0.05
+  done
+  redis-cli -p "$SPORT" SENTINEL replicas "$SERVICE" | grep -q "$R2PORT" || { echo "the sentinel never saw the replica" >&2; exit 1; }
+fi
 R XGROUP CREATE soak soak-fn 0 MKSTREAM >/dev/null
 
 cat >"$OUT/handler.sh" <<EOF
@@ -89,7 +130,7 @@ PORT=$WPORT RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_TRIGGER=que
 PIDS+=($!)
 
 consumer() { # name
-  env RUNR_QUEUE_REDIS_URL="redis://127.0.0.1:$RPORT" RUNR_QUEUE_STREAM=soak RUNR_QUEUE_GROUP=soak-fn \
+  env RUNR_QUEUE_REDIS_URL="$URL" RUNR_QUEUE_STREAM=soak RUNR_QUEUE_GROUP=soak-fn \
     RUNR_QUEUE_CONSUMER="$1" RUNR_QUEUE_TARGET="http://127.0.0.1:$WPORT/" RUNR_QUEUE_CONCURRENCY=8 \
     RUNR_QUEUE_MAX_ATTEMPTS=5 RUNR_QUEUE_BACKOFF=100ms RUNR_QUEUE_BACKOFF_MAX=1s \
     RUNR_QUEUE_CLAIM_IDLE=2s RUNR_QUEUE_TIMEOUT=10s "$QUEUE" 2>>"$OUT/$1.log" &
@@ -99,7 +140,7 @@ consumer() { # name
   PIDS+=("$LAST_PID")
 }
 redrive() { # output file: runs `runr-queue redrive` for every dead letter of soak-dlq
-  env RUNR_QUEUE_REDIS_URL="redis://127.0.0.1:$RPORT" RUNR_QUEUE_STREAM=soak RUNR_QUEUE_GROUP=soak-fn \
+  env RUNR_QUEUE_REDIS_URL="$URL" RUNR_QUEUE_STREAM=soak RUNR_QUEUE_GROUP=soak-fn \
     "$QUEUE" redrive >"$1" 2>"$1.log"
 }
 consumer steady
@@ -126,7 +167,9 @@ SAMPLES=()
     {
       for k in $(seq 0 $((RATE - 1))); do printf 'XADD soak * n %d msg soak-%d\n' $((i + k)) $((i + k)); done
       for k in $(seq "$RATE" $((RATE + poison - 1))); do printf 'XADD soak * n %d msg poison-%d\n' $((i + k)) $((i + k)); done
-    } | redis-cli -p "$RPORT" >/dev/null 2>&1 || true
+      # Replicated before the next second (what a failover could take away is at most a second).
+      [ "$SENTINEL" = 1 ] && printf 'WAIT 1 1000\n'
+    } | redis-cli -p "$(master_port)" >/dev/null 2>&1 || true
     i=$((i + RATE + poison))
     sleep 1
   done
@@ -134,8 +177,12 @@ SAMPLES=()
 PRODUCER=$!
 PIDS+=("$PRODUCER")
 
-echo "soak: ${DURATION}s, $RATE entries/s, victim killed every ${KILL_EVERY}s, redis restarted every ${RESTART_EVERY}s ..." >&2
+faults="redis restarted every ${RESTART_EVERY}s"
+[ "$SENTINEL" = 1 ] && faults="a sentinel failover every ${FAILOVER_EVERY}s"
+echo "soak: ${DURATION}s, $RATE entries/s, victim killed every ${KILL_EVERY}s, $faults ..." >&2
 start=$SECONDS; kills=0; restarts=0; next_kill=$KILL_EVERY; next_restart=$RESTART_EVERY; sampled_mid=0
+failovers=0; next_failover=$FAILOVER_EVERY
+[ "$SENTINEL" = 1 ] && next_restart=$((DURATION + 1))
 fix_at=$((DURATION * 2 / 3)); REDRIVE=""
 sleep 5
 sample start
@@ -155,6 +202,18 @@ while [ $((SECONDS - start)) -lt "$DURATION" ]; do
     restarts=$((restarts + 1))
     next_restart=$((next_restart + RESTART_EVERY))
   fi
+  if [ "$SENTINEL" = 1 ] && [ "$t" -ge "$next_failover" ]; then
+    before=$(master_port)
+    # Refused while the last one settles (INPROG, NOGOODSLAVE): asked again each 100 ms.
+    for _ in $(seq 300); do
+      [ "$(redis-cli -p "$SPORT" SENTINEL FAILOVER "$SERVICE" 2>&1)" = OK ] && break
+      sleep 0.1
+    done
+    for _ in $(seq 300); do [ "$(master_port)" != "$before" ] && break; sleep 0.1; done
+    [ "$(master_port)" != "$before" ] || { echo "the failover did not happen" >&2; exit 1; }
+    failovers=$((failovers + 1))
+    next_failover=$((next_failover + FAILOVER_EVERY))
+  fi
   if [ $sampled_mid = 0 ] && [ "$t" -ge $((DURATION / 2)) ]; then sample middle; sampled_mid=1; fi
   if [ "$POISON_RATE" -gt 0 ] && [ -z "$REDRIVE" ] && [ "$t" -ge "$fix_at" ]; then
     touch "$OUT/fixed"
@@ -171,13 +230,15 @@ if [ -n "$REDRIVE" ]; then wait "$REDRIVE" || redrive_fail=1; fi
 
 echo "draining ..." >&2
 deadline=$((SECONDS + 180))
+# Read up to the last entry and nothing pending (by ids: the group's entries-read counter is off
+# after a failover, the promoted replica's count of what was read differs from the old master's).
 drained() {
-  local info read pending len
+  local info last pending top
   info=$(R XINFO GROUPS soak)
-  read=$(awk 'prev == "entries-read" { print; exit } { prev = $0 }' <<<"$info")
+  last=$(awk 'prev == "last-delivered-id" { print; exit } { prev = $0 }' <<<"$info")
   pending=$(awk 'prev == "pending" { print; exit } { prev = $0 }' <<<"$info")
-  len=$(R XLEN soak)
-  [ "$read" = "$len" ] && [ "$pending" = 0 ]
+  top=$(R XREVRANGE soak + - COUNT 1 | head -1)
+  [ -n "$last" ] && [ "$last" = "$top" ] && [ "$pending" = 0 ]
 }
 until drained || [ $SECONDS -ge $deadline ]; do sleep 1; done
 if [ -n "$REDRIVE" ]; then
@@ -187,7 +248,7 @@ if [ -n "$REDRIVE" ]; then
 fi
 sample end
 
-python3 - "$RPORT" "$OUT/processed.log" <<'EOF' >"$OUT/account.txt"
+python3 - "$(master_port)" "$OUT/processed.log" <<'EOF' >"$OUT/account.txt"
 import collections, json, subprocess, sys
 port, processed_log = sys.argv[1], sys.argv[2]
 def cli(*args):
@@ -211,17 +272,19 @@ unknown = sum(1 for m in done if m.startswith("?"))
 pending = cli("XPENDING", "soak", "soak-fn")[0]
 print(f"entries={len(entries)} processed={len(done)} duplicates={dup} dead_lettered={len(dead)} lost={len(lost)} pending={pending}")
 print(f"poison={len(poison)} poison_processed={poison_done} redriven_entries={redriven} processed_ids_not_in_stream={unknown}")
+# Delivered, then gone from the stream: written to a master that a failover demoted before it
+# replicated them (the promoted replica never had them). Counted apart, not as entries.
 if lost:
     print("lost: " + " ".join(lost[:20]))
 EOF
 
 echo
 echo "runr-queue soak  $(date -u +%FT%TZ)  $(nproc) cores"
-echo "${DURATION}s at $RATE entries/s; victim consumer killed $kills times, redis restarted $restarts times"
+echo "${DURATION}s at $RATE entries/s; victim consumer killed $kills times, redis restarted $restarts times, sentinel failovers $failovers"
 cat "$OUT/account.txt"
 echo "steady consumer:"
 printf '  %s\n' "${SAMPLES[@]}"
-echo "steady consumer's outage lines: $(grep -c 'redis is unavailable' "$OUT/steady.log" || true) (one per restart expected)"
+echo "steady consumer's outage lines: $(grep -c 'redis is unavailable' "$OUT/steady.log" || true) (one per restart or failover expected)"
 if [ -n "$REDRIVE" ]; then
   echo "redrive at ${redrive_at}s (load running): $(cat "$OUT/redrive-1.out")"
   echo "redrive after the drain: $(cat "$OUT/redrive-2.out")"

@@ -10,21 +10,28 @@
 //! - [`platform`]: the names the platform sets in every function container, which are never
 //!   "unknown variables";
 //! - [`fmt`]: hex, RFC 3339, random ids, UUID v4, error chains, control-character escaping;
-//! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain.
+//! - [`traceparent`]: W3C Trace Context's `traceparent`, parsed and written;
+//! - [`target`]: a plain-HTTP endpoint from a URL;
+//! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain;
+//! - `otlp` (feature `otlp`): the OTLP/HTTP JSON span exporter and its `OTEL_*` variables.
 //!
 //! It depends only on crates the smallest binary (runr-tick) links anyway, so using it makes
-//! no binary bigger.
+//! no binary bigger; what needs more sits behind a feature.
 #![forbid(unsafe_code)]
 
 pub mod env;
 pub mod fmt;
 pub mod log;
 pub mod logfmt;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod platform;
 pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod signal;
+pub mod target;
+pub mod traceparent;
 
 /// Exit status for bad configuration or usage (the platform's contract: one line per bad
 /// variable on stderr, then exit 2).

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use runr_base::env::{display_duration, ConfigError, ConfigErrors, Env, VarDoc};
+use runr_base::otlp::{self, OtlpConfig};
 
 /// Where Redis is: `redis://[user:password@]host:port[/db]`, or `rediss://…` for TLS with the
 /// built-in roots. Required.
@@ -185,6 +186,47 @@ pub const VARS: &[VarDoc] = &[
         "how long in-flight deliveries may finish after SIGTERM",
     ),
     VarDoc::new(ENV_LOG, "info", "error | warn | info | debug"),
+    // The span export: runr-base's exporter (the wrapper's), which reads these.
+    VarDoc::optional(
+        otlp::ENV_OTLP_ENDPOINT,
+        "OTLP/HTTP collector: one span per delivery attempt to <endpoint>/v1/traces (default: no export)",
+    ),
+    VarDoc::optional(
+        otlp::ENV_OTLP_TRACES_ENDPOINT,
+        "OTLP/HTTP traces endpoint, used as it is",
+    ),
+    VarDoc::new(otlp::ENV_OTLP_PROTOCOL, "http/json", "http/json | http/protobuf"),
+    VarDoc::optional(otlp::ENV_OTLP_TRACES_PROTOCOL, "traces-specific protocol"),
+    VarDoc::optional(otlp::ENV_OTLP_HEADERS, "export headers: key=value,key2=value2"),
+    VarDoc::optional(otlp::ENV_OTLP_TRACES_HEADERS, "traces-specific export headers"),
+    VarDoc::new(
+        otlp::ENV_OTLP_TIMEOUT,
+        "10000",
+        "per-export time limit, milliseconds",
+    ),
+    VarDoc::optional(otlp::ENV_OTLP_TRACES_TIMEOUT, "traces-specific export time limit"),
+    VarDoc::new(
+        otlp::ENV_SERVICE_NAME,
+        "$K_SERVICE, else unknown_service:runr-queue",
+        "service.name of the spans",
+    ),
+    VarDoc::optional(otlp::ENV_K_SERVICE, "Knative's service name"),
+    VarDoc::new(
+        otlp::ENV_BSP_SCHEDULE_DELAY,
+        "5000",
+        "longest wait of a span for its export batch, milliseconds",
+    ),
+    VarDoc::new(
+        otlp::ENV_BSP_MAX_QUEUE_SIZE,
+        "2048",
+        "spans queued for export at most; more are dropped",
+    ),
+    VarDoc::new(
+        otlp::ENV_BSP_MAX_EXPORT_BATCH_SIZE,
+        "512",
+        "spans per export request at most",
+    ),
+    VarDoc::optional(otlp::ENV_SDK_DISABLED, "true: no span export"),
 ];
 
 /// Answers that retrying cannot fix, by the operator's word ([`ENV_DEAD_LETTER_AT_ONCE`]).
@@ -353,6 +395,8 @@ pub struct Config {
     pub drain: Duration,
     /// [`ENV_LOG`].
     pub log_level: tracing::Level,
+    /// The delivery spans' export (`OTEL_EXPORTER_OTLP_ENDPOINT` and the other `OTEL_*`).
+    pub otlp: Option<OtlpConfig>,
 }
 
 /// What a command needs of the configuration.
@@ -461,6 +505,7 @@ impl Config {
             Duration::ZERO..=Duration::from_secs(3600),
         );
         let log_level = env.level(ENV_LOG, DEFAULT_LOG);
+        let otlp = otlp::from_env(&mut env, "runr-queue");
 
         let value = (|| {
             Some(Config {
@@ -485,6 +530,7 @@ impl Config {
                 metrics_port,
                 drain,
                 log_level,
+                otlp,
             })
         })();
         env.finish_with(value)
@@ -1531,10 +1577,23 @@ mod tests {
             assert_eq!(unlisted(&[VARS], &read), Vec::<String>::new());
             assert!(read.iter().any(|n| n == ENV_DRAIN));
         }
-        // And the table lists nothing that is never read.
-        let read = names_read(GOOD, |get| {
-            let _ = Config::from_lookup(get);
-        });
+        // And the table lists nothing that is never read (the export's variables are read
+        // once an endpoint is set, the general or the traces-specific one).
+        let mut read = Vec::new();
+        for vars in [
+            GOOD.to_vec(),
+            with(&[(otlp::ENV_OTLP_ENDPOINT, "http://c:4318")]),
+            with(&[
+                (otlp::ENV_OTLP_TRACES_ENDPOINT, "http://c:4318/v1/traces"),
+                (otlp::ENV_OTLP_TRACES_TIMEOUT, "100"),
+            ]),
+        ] {
+            let r = names_read(&vars, |get| {
+                let _ = Config::from_lookup(get);
+            });
+            assert_eq!(unlisted(&[VARS], &r), Vec::<String>::new());
+            read.extend(r);
+        }
         for v in VARS {
             assert!(read.iter().any(|n| n == v.name), "{} is never read", v.name);
         }

@@ -32,7 +32,8 @@ use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
 use crate::metrics::{Metrics, Outcome};
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
-use crate::trace::Trace;
+use crate::trace::{Attempt, Trace};
+use runr_base::otlp::{Attr, Exporter, SpanData, SpanKind};
 
 /// How the consumer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +75,8 @@ struct Ctx {
     /// The reader connection's client id, for `CLIENT UNBLOCK` at shutdown (0: none yet).
     reader_id: AtomicI64,
     counts: Counts,
+    /// The delivery spans' export, with an OTLP endpoint set.
+    spans: Option<Exporter>,
 }
 
 /// Consumes until `shutdown` resolves (or Redis refuses us for good), then drains.
@@ -98,6 +101,10 @@ pub async fn run(
     let source = event::source(&config.stream, &config.group);
     let http = Http::new(config.target.clone(), source, config.concurrency);
     let (stop, _) = tokio::sync::watch::channel(false);
+    let spans = config.otlp.clone().map(|otlp| {
+        tracing::info!(endpoint = %otlp.endpoint, service = %otlp.service_name, "exporting delivery spans over OTLP/HTTP");
+        Exporter::start(otlp)
+    });
     let ctx = Arc::new(Ctx {
         slots: Arc::new(Semaphore::new(config.concurrency)),
         config,
@@ -108,6 +115,7 @@ pub async fn run(
         stop,
         reader_id: AtomicI64::new(0),
         counts: Counts::default(),
+        spans,
     });
     tokio::pin!(shutdown);
 
@@ -204,11 +212,17 @@ pub async fn run(
             "stopped at the drain limit: deliveries still in flight are left pending"
         );
     }
+    if let Some(spans) = &ctx.spans {
+        spans.flush(SPAN_FLUSH_LIMIT).await;
+    }
     match ended_by {
         Err(_) => Ended::Stopped { drained },
         Ok(r) => Ended::Fatal(r.to_string()),
     }
 }
+
+/// How long the spans still queued at exit may take to export (the wrapper's limit too).
+const SPAN_FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 /// The line that says which command Redis refused, on which key, and why.
 fn log_refusal(r: &Refusal) {
@@ -550,12 +564,13 @@ impl Ctx {
                 self.metrics.outcome(Outcome::Abandoned);
                 return;
             }
+            let span = trace.attempt();
             let event = Event {
                 id,
                 time: &time,
                 attempt,
                 body: body.clone(),
-                traceparent: trace.attempt(),
+                traceparent: span.traceparent.clone(),
                 tracestate: trace.tracestate.as_deref(),
             };
             let began = Instant::now();
@@ -595,6 +610,7 @@ impl Ctx {
                     self.finish(body, detail)
                 );
                 tracing::debug!(id, attempt, status, trace_id, answer = %answer, "delivered");
+                self.export_span(&trace, &span, id, attempt, status, None, "acked");
                 match acked {
                     Ok(()) => {
                         self.counts.delivered.fetch_add(1, Ordering::Relaxed);
@@ -606,6 +622,26 @@ impl Ctx {
                 return;
             }
             let (detail, answer_body) = self.finish(body, detail).await;
+            let outcome = match verdict {
+                Verdict::Done => "acked",
+                Verdict::Retry { .. } if attempt < self.config.max_attempts => {
+                    if self.stopped() {
+                        "left-pending"
+                    } else {
+                        "retried"
+                    }
+                }
+                _ => "dead-lettered",
+            };
+            self.export_span(
+                &trace,
+                &span,
+                id,
+                attempt,
+                status,
+                class.as_deref(),
+                outcome,
+            );
             match verdict {
                 Verdict::Done => return,
                 Verdict::DeadLetter => {
@@ -655,6 +691,58 @@ impl Ctx {
                 }
             }
         }
+    }
+
+    /// Exports the span of one attempt, when spans are exported and the trace is sampled: a
+    /// CONSUMER span (the processing of a message, in OpenTelemetry's messaging conventions)
+    /// from the request to the end of the answer, child of the producer's span when the entry
+    /// carried one; the function's side (the wrapper's span) is its child.
+    #[allow(clippy::too_many_arguments)]
+    fn export_span(
+        &self,
+        trace: &Trace,
+        span: &Attempt,
+        id: &str,
+        attempt: u32,
+        status: u16,
+        class: Option<&str>,
+        outcome: &'static str,
+    ) {
+        let Some(spans) = &self.spans else {
+            return;
+        };
+        if !trace.sampled() {
+            return;
+        }
+        let c = &self.config;
+        let mut attributes = vec![
+            ("messaging.system", Attr::Str("redis".into())),
+            ("messaging.operation.type", Attr::Str("process".into())),
+            ("messaging.destination.name", Attr::Str(c.stream.clone())),
+            ("messaging.consumer.group.name", Attr::Str(c.group.clone())),
+            ("messaging.message.id", Attr::Str(id.to_string())),
+            ("messaging.client.id", Attr::Str(c.consumer.clone())),
+            ("runr.queue.attempt", Attr::Int(i64::from(attempt))),
+            ("runr.queue.outcome", Attr::Str(outcome.into())),
+        ];
+        if status != 0 {
+            attributes.push(("http.response.status_code", Attr::Int(i64::from(status))));
+        }
+        if let Some(class) = class {
+            attributes.push(("error.type", Attr::Str(class.to_string())));
+        }
+        spans.export(SpanData {
+            trace_id: trace.trace_id,
+            span_id: span.span_id,
+            parent_span_id: trace.parent,
+            sampled: true,
+            kind: SpanKind::Consumer,
+            start: span.start,
+            name: format!("process {}", c.stream),
+            end: SystemTime::now(),
+            attributes,
+            error: outcome != "acked",
+        });
     }
 
     /// What the log line shows (the start of the answer's body, why it was not read, or

@@ -34,5 +34,5 @@ pub fn traceparent(value: &[u8]) -> Option<([u8; 16], [u8; 8], u8)> {
 
 /// The `traceparent` an attempt of an entry with `fields` sends.
 pub fn attempt_traceparent(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
-    crate::trace::Trace::of_entry(fields).attempt()
+    crate::trace::Trace::of_entry(fields).attempt().traceparent
 }

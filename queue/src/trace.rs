@@ -4,23 +4,18 @@
 //! new trace. One trace per entry in hand, a new span id per attempt, so the wrapper (which
 //! continues the `traceparent` it receives) and the function join the producer's trace.
 //!
-//! The spans are not exported (no OTLP here): the trace id is in the delivery's log lines.
+//! The trace id is in the delivery's log lines; with an OTLP endpoint set, each attempt's span
+//! is exported (`consumer`, through runr-base's exporter, the wrapper's).
+
+use std::time::SystemTime;
 
 /// The field of an entry (and the HTTP header) that carries the trace context.
-pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) use runr_base::traceparent::TRACEPARENT;
 /// The vendor part of the trace context, passed along with a continued trace.
 pub(crate) const TRACESTATE: &str = "tracestate";
 /// The longest `tracestate` passed along (W3C: 32 members of at most 256 bytes; 512 is what
 /// implementations must at least propagate).
 const MAX_TRACESTATE: usize = 512;
-
-/// The producer's span, from a valid `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Parent {
-    pub trace_id: [u8; 16],
-    pub span_id: [u8; 8],
-    pub flags: u8,
-}
 
 /// The trace of one entry's delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,48 +30,18 @@ pub(crate) struct Trace {
     pub tracestate: Option<String>,
 }
 
-/// Parses a `traceparent` value (W3C Trace Context level 1); `None` when it is invalid (a new
-/// trace then starts, as the specification asks).
-pub(crate) fn parse_traceparent(value: &[u8]) -> Option<Parent> {
-    let value = std::str::from_utf8(value).ok()?.trim();
-    let mut parts = value.splitn(5, '-');
-    let version = parts.next()?;
-    let trace = parts.next()?;
-    let span = parts.next()?;
-    let flags = parts.next()?;
-    let rest = parts.next();
-    let [version]: [u8; 1] = unhex(version)?;
-    // ff is forbidden; version 00 has exactly four fields, later versions may append more.
-    if version == 0xff || (version == 0 && rest.is_some()) {
-        return None;
-    }
-    let trace_id: [u8; 16] = unhex(trace)?;
-    let span_id: [u8; 8] = unhex(span)?;
-    let [flags]: [u8; 1] = unhex(flags)?;
-    if trace_id == [0; 16] || span_id == [0; 8] {
-        return None;
-    }
-    Some(Parent {
-        trace_id,
-        span_id,
-        flags,
-    })
+/// Parses a `traceparent` field (W3C Trace Context level 1, bytes as Redis holds them); `None`
+/// when it is invalid (a new trace then starts, as the specification asks).
+pub(crate) fn parse_traceparent(value: &[u8]) -> Option<runr_base::traceparent::Parent> {
+    runr_base::traceparent::parse_traceparent(std::str::from_utf8(value).ok()?)
 }
 
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    // Upper-case hex is invalid in traceparent.
-    if s.len() != N * 2
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(out)
+/// One attempt's span: its id (the function's parent) and the `traceparent` that says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    pub span_id: [u8; 8],
+    pub traceparent: String,
+    pub start: SystemTime,
 }
 
 /// The value of the last field named `name`.
@@ -108,19 +73,12 @@ impl Trace {
                 flags: p.flags,
                 tracestate: field(fields, TRACESTATE).and_then(tracestate),
             },
-            None => {
-                let mut trace_id = [0u8; 16];
-                runr_base::fmt::random_bytes(&mut trace_id);
-                if trace_id == [0; 16] {
-                    trace_id[15] = 1;
-                }
-                Trace {
-                    trace_id,
-                    parent: None,
-                    flags: 1,
-                    tracestate: None,
-                }
-            }
+            None => Trace {
+                trace_id: runr_base::traceparent::new_trace_id(),
+                parent: None,
+                flags: 1,
+                tracestate: None,
+            },
         }
     }
 
@@ -129,20 +87,25 @@ impl Trace {
         runr_base::fmt::hex(&self.trace_id)
     }
 
-    /// The `traceparent` of one attempt: this trace, a new span id (the attempt's span).
-    pub(crate) fn attempt(&self) -> String {
-        let mut span_id = [0u8; 8];
-        runr_base::fmt::random_bytes(&mut span_id);
-        if span_id == [0; 8] {
-            span_id[7] = 1;
-        }
-        format!(
-            "00-{}-{}-{:02x}",
-            self.trace_id_hex(),
-            runr_base::fmt::hex(&span_id),
+    /// Whether the trace is sampled (the producer's flag; a new trace is): only sampled spans
+    /// are exported.
+    pub(crate) fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
+
+    /// One attempt: this trace, a new span id (the attempt's span), starting now.
+    pub(crate) fn attempt(&self) -> Attempt {
+        let span_id = runr_base::traceparent::new_span_id();
+        Attempt {
+            span_id,
             // Version 00 defines the sampled bit only; the others are passed as they came.
-            self.flags
-        )
+            traceparent: runr_base::traceparent::format_traceparent(
+                &self.trace_id,
+                &span_id,
+                self.flags,
+            ),
+            start: SystemTime::now(),
+        }
     }
 }
 
@@ -195,15 +158,19 @@ mod tests {
         ]));
         assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.tracestate.as_deref(), Some("ro=1"));
-        let a = t.attempt();
+        let attempt = t.attempt();
+        let a = attempt.traceparent.clone();
         let next = parse_traceparent(a.as_bytes()).unwrap();
         assert_eq!(next.trace_id, t.trace_id);
+        assert_eq!(next.span_id, attempt.span_id);
         assert_ne!(runr_base::fmt::hex(&next.span_id), "00f067aa0ba902b7");
-        assert_ne!(t.attempt(), a, "a new span per attempt");
+        assert_ne!(t.attempt().traceparent, a, "a new span per attempt");
         assert!(a.ends_with("-01"));
+        assert!(t.sampled());
         // Not sampled by the producer: passed on as it is.
         let unsampled = Trace::of_entry(&f(&[("traceparent", &TP.replace("-01", "-00"))]));
-        assert!(unsampled.attempt().ends_with("-00"));
+        assert!(unsampled.attempt().traceparent.ends_with("-00"));
+        assert!(!unsampled.sampled());
         // None, or an invalid one: a new trace each time, sampled, no tracestate.
         for fields in [
             f(&[("k", "v")]),
@@ -215,7 +182,7 @@ mod tests {
                 (a.parent, a.flags, a.tracestate.as_deref()),
                 (None, 1, None)
             );
-            assert!(parse_traceparent(a.attempt().as_bytes()).is_some());
+            assert!(parse_traceparent(a.attempt().traceparent.as_bytes()).is_some());
         }
         assert_eq!(tracestate(b"a=1\n"), Some("a=1".into()));
         assert_eq!(tracestate(b"a=\x01"), None);
@@ -228,7 +195,7 @@ mod tests {
         fn any_field_gives_a_valid_traceparent(v in proptest::collection::vec(any::<u8>(), 0..80)) {
             let fields = vec![(b"traceparent".to_vec(), v)];
             let t = Trace::of_entry(&fields);
-            prop_assert!(parse_traceparent(t.attempt().as_bytes()).is_some());
+            prop_assert!(parse_traceparent(t.attempt().traceparent.as_bytes()).is_some());
         }
     }
 }

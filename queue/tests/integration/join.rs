@@ -297,3 +297,91 @@ fn lambda_mode() {
         ],
     );
 }
+
+/// The producer's trace, through the queue, into the function: the consumer's delivery span
+/// continues the producer's span, and the wrapper's server span continues the delivery span,
+/// both exported to one collector.
+#[test]
+fn the_wrappers_span_is_a_child_of_the_delivery_span() {
+    const PRODUCER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let dir = tmp();
+    let collector = runr_testkit::otlp::Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let script = write(dir.path(), "main.sh", EXEC_HANDLER);
+    let command = serde_json::to_string(&["bash", &script]).unwrap();
+    let w = start_wrapper(
+        dir.path(),
+        &[
+            ("RUNR_WRAPPER_MODE", "exec"),
+            ("RUNR_INPUT", "raw"),
+            ("RUNR_COMMAND", &command),
+            ("RUNR_TRACING", "1"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_SERVICE_NAME", "orders-fn"),
+        ],
+    );
+    let redis = Redis::start();
+    let target = format!("http://{}/", w.0.addr);
+    let mut c = Consumer::start(
+        dir.path(),
+        "c1",
+        &with(
+            base_env(&redis, &target, "c1"),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+                ("OTEL_SERVICE_NAME", "orders-queue"),
+            ],
+        ),
+    );
+    let mut conn = redis.conn();
+    let id = conn.xadd(STREAM, &[("do", "ok"), ("traceparent", PRODUCER)]);
+    c.wait_delivered(1);
+    // Two spans, in one export or two, in either order.
+    let (docs, spans) = collector.spans_until(LONG, |s| s.len() >= 2);
+    c.stop_cleanly();
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let kind = |k: i64| {
+        spans
+            .iter()
+            .find(|s| s["kind"] == k)
+            .unwrap_or_else(|| panic!("a span of kind {k}: {spans:#?}"))
+    };
+    let (delivery, server) = (kind(5), kind(2));
+    assert_eq!(delivery["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(delivery["parentSpanId"], "00f067aa0ba902b7");
+    let message_id = runr_testkit::otlp::attr(&delivery["attributes"], "messaging.message.id");
+    assert_eq!(message_id["stringValue"].as_str(), Some(id.as_str()));
+    assert_eq!(server["traceId"], delivery["traceId"], "one trace");
+    assert_eq!(
+        server["parentSpanId"], delivery["spanId"],
+        "the wrapper continues the delivery span: {spans:#?}"
+    );
+    let status = runr_testkit::otlp::attr(&server["attributes"], "http.response.status_code");
+    assert_eq!(status["intValue"], "200");
+    // Each binary under its own service name and scope.
+    let mut services: Vec<(String, String)> = docs
+        .iter()
+        .flat_map(|d| d["resourceSpans"].as_array().unwrap().clone())
+        .map(|rs| {
+            let name = runr_testkit::otlp::attr(&rs["resource"]["attributes"], "service.name");
+            (
+                name["stringValue"].as_str().unwrap().to_string(),
+                rs["scopeSpans"][0]["scope"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    services.sort();
+    services.dedup();
+    assert_eq!(
+        services,
+        [
+            ("orders-fn".to_string(), "runr-wrapper".to_string()),
+            ("orders-queue".to_string(), "runr-queue".to_string())
+        ]
+    );
+}

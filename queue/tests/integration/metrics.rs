@@ -1,16 +1,12 @@
 //! `/metrics` and `/healthz` on `RUNR_QUEUE_METRICS_PORT`: the text read back with Prometheus'
-//! own parser (prometheus_client, as the wrapper's tests do), every count checked against what
+//! own parser (prometheus_client, through testkit, as the wrapper's tests do), every count checked against what
 //! the test made happen, the group's figures read from Redis, and the health following Redis.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
 
 use runr_testkit::redis::Redis;
 use runr_testkit::wait_for;
-use serde_json::Value;
 
 use crate::support::*;
 
@@ -39,50 +35,29 @@ fn scrape(addr: SocketAddr) -> Scrape {
         r.header("content-type"),
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
-    // The wrapper's fixture: the official client's parser, samples as JSON.
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../wrapper/tests/fixtures/prom_parse.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    child.stdin.take().unwrap().write_all(&r.body).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = r.text();
-    assert!(
-        out.status.success(),
-        "prometheus_client could not parse:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut samples = BTreeMap::new();
-    for s in parsed["samples"].as_array().unwrap() {
-        let labels: Vec<String> = s[1]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap()))
-            .collect();
-        let name = if labels.is_empty() {
-            s[0].as_str().unwrap().to_string()
-        } else {
-            format!("{}{{{}}}", s[0].as_str().unwrap(), labels.join(","))
-        };
-        samples.insert(name, s[2].as_f64().unwrap());
-    }
-    let types = parsed["types"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+    parse(&r.body)
+}
+
+/// `body` read by prometheus_client's parser (testkit's); panics when it does not parse.
+fn parse(body: &[u8]) -> Scrape {
+    let parsed = runr_testkit::prom::parse(body);
+    let samples = parsed
+        .samples
+        .into_iter()
+        .map(|(name, labels, value)| {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let name = if labels.is_empty() {
+                name
+            } else {
+                format!("{name}{{{}}}", labels.join(","))
+            };
+            (name, value)
+        })
         .collect();
     Scrape {
         samples,
-        types,
-        text,
+        types: parsed.types,
+        text: String::from_utf8_lossy(body).into_owned(),
     }
 }
 
@@ -233,4 +208,106 @@ fn a_metrics_port_in_use_is_exit_1_naming_it() {
         "{}",
         c.log()
     );
+}
+
+/// 32 scrapers × 20 requests, alternating `/metrics` and `/healthz`, while the consumer delivers
+/// a stream being written: every answer complete and exact (status, the header set, the length),
+/// every `/metrics` body read by Prometheus' parser with counts that never go down within one
+/// scraper's sequence, every `/healthz` body byte for byte.
+#[test]
+fn many_concurrent_scrapers_while_delivering() {
+    const SCRAPERS: usize = 32;
+    const REQUESTS: usize = 20;
+    const ENTRIES: usize = 400;
+    let dir = tmp();
+    let redis = Redis::start();
+    let receiver = Receiver::start(dir.path(), &["--fail-mod", "5"]);
+    let mut c = Consumer::start(
+        dir.path(),
+        "c1",
+        &with(
+            base_env(&redis, &receiver.url(), "c1"),
+            &[
+                ("RUNR_QUEUE_METRICS_PORT", "0"),
+                ("RUNR_QUEUE_BACKOFF", "10ms"),
+                ("RUNR_QUEUE_LOG", "info"),
+            ],
+        ),
+    );
+    let line = c.lines_with("serving metrics").remove(0);
+    let addr: SocketAddr = field(&line, "metrics_addr").unwrap().parse().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], addr.port()));
+
+    let producer = {
+        let mut conn = redis.conn();
+        std::thread::spawn(move || {
+            (0..ENTRIES)
+                .map(|n| conn.xadd(STREAM, &[("n", &n.to_string())]))
+                .collect::<Vec<String>>()
+        })
+    };
+    let scrapers: Vec<_> = (0..SCRAPERS)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut acked = 0.0;
+                let mut parsed = 0;
+                for k in 0..REQUESTS {
+                    let metrics = (i + k) % 2 == 0;
+                    let path = if metrics { "/metrics" } else { "/healthz" };
+                    let r = runr_testkit::http::get(addr, path);
+                    let mut names: Vec<String> = r
+                        .headers
+                        .iter()
+                        .map(|(n, _)| n.to_ascii_lowercase())
+                        .collect();
+                    names.sort();
+                    assert_eq!(
+                        (r.status, names),
+                        (
+                            200,
+                            vec![
+                                "content-length".into(),
+                                "content-type".into(),
+                                "date".into()
+                            ]
+                        ),
+                        "{path}: {:?} {}",
+                        r.headers,
+                        r.text()
+                    );
+                    assert_eq!(
+                        r.header("content-length"),
+                        Some(r.body.len().to_string().as_str())
+                    );
+                    if metrics {
+                        assert_eq!(
+                            r.header("content-type"),
+                            Some("text/plain; version=0.0.4; charset=utf-8")
+                        );
+                        let s = parse(&r.body);
+                        let now = outcome(&s, "acked");
+                        assert!(now >= acked, "acked went from {acked} to {now}");
+                        acked = now;
+                        assert!(s.value("runr_queue_entries_in_hand") >= 0.0);
+                        assert_eq!(s.types["runr_queue_deliveries"], "counter");
+                        parsed += 1;
+                    } else {
+                        assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+                        assert_eq!(r.body, b"redis answers\n");
+                    }
+                }
+                parsed
+            })
+        })
+        .collect();
+    let parsed: usize = scrapers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(parsed, SCRAPERS * REQUESTS / 2);
+    let ids = producer.join().unwrap();
+    wait_all_acked(&redis, &receiver, &ids);
+    let s = wait_for("every entry counted", LONG, || {
+        let s = scrape(addr);
+        (outcome(&s, "acked") == ENTRIES as f64).then_some(s)
+    });
+    assert_eq!(outcome(&s, "retried"), (ENTRIES / 5) as f64, "{}", s.text);
+    c.stop_cleanly();
 }

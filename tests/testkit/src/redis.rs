@@ -167,6 +167,128 @@ impl Drop for Redis {
     }
 }
 
+// === a cluster ===
+
+/// Three `redis-server --cluster-enabled yes` masters on free ports (no replicas), joined by
+/// `redis-cli --cluster create`, each with its data in a temporary directory; killed (each
+/// [`Child`]) on drop.
+pub struct Cluster {
+    nodes: Vec<(u16, Child)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts the three nodes, creates the cluster and waits until every node says
+    /// `cluster_state:ok`.
+    pub fn start() -> Cluster {
+        assert!(
+            have_tool("redis-server") && have_tool("redis-cli"),
+            "redis-server and redis-cli are not installed (apt-get install redis-server)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("runr-redis-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let data = dir.path().join(port.to_string());
+            std::fs::create_dir(&data).unwrap();
+            let child = Child::spawn(
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string()])
+                    .args(["--bind", "127.0.0.1"])
+                    .args(["--protected-mode", "no"])
+                    .args(["--cluster-enabled", "yes"])
+                    .arg("--cluster-config-file")
+                    .arg(data.join("nodes.conf"))
+                    .arg("--dir")
+                    .arg(&data)
+                    .args(["--appendonly", "no", "--save", ""])
+                    .arg("--logfile")
+                    .arg(data.join("redis.log"))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+            .expect("spawn redis-server");
+            nodes.push((port, child));
+        }
+        let c = Cluster { nodes, _dir: dir };
+        for addr in c.addrs() {
+            wait_for(
+                &format!("cluster node {addr} to answer PING"),
+                START_TIMEOUT,
+                || {
+                    let reply = Conn::try_connect(addr)?.try_cmd(&[b"PING"])?;
+                    (reply == Reply::Simple("PONG".into())).then_some(())
+                },
+            );
+        }
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(c.addrs().iter().map(|a| a.to_string()))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for addr in c.addrs() {
+            wait_for(
+                &format!("cluster node {addr} to say cluster_state:ok"),
+                START_TIMEOUT,
+                || {
+                    let info = Conn::try_connect(addr)?.try_cmd(&[b"CLUSTER", b"INFO"])?;
+                    info.text().contains("cluster_state:ok").then_some(())
+                },
+            );
+        }
+        c
+    }
+
+    /// The nodes' addresses.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes
+            .iter()
+            .map(|(port, _)| SocketAddr::from(([127, 0, 0, 1], *port)))
+            .collect()
+    }
+
+    /// A plain connection to node `i` (0–2); commands on keys of other nodes' slots get `MOVED`.
+    pub fn conn(&self, i: usize) -> Conn {
+        Conn::try_connect(self.addrs()[i]).expect("connect to the cluster node")
+    }
+}
+
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of the key, or of what its first `{…}` holds
+/// when that is not empty, modulo 16384 (the Redis Cluster specification's rule).
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    let mut crc: u16 = 0;
+    for &b in hashed {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 // === the client ===
 
 /// One RESP2 reply.

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use runr_base::env::{Env, VarDoc};
 use runr_tick::config::{DEFAULT_TICK_WAIT, ENV_TICK_WAIT};
-use runr_tick::Target;
 
 /// `1`/`true`: a server span and access line per invocation; in http mode the observed proxy.
 pub const ENV_TRACING: &str = "RUNR_TRACING";
@@ -26,46 +25,21 @@ const DEFAULT_REPLAY_MAX_BYTES: u64 = 64 << 20;
 pub const ENV_UPSTREAM_PORT: &str = "RUNR_UPSTREAM_PORT";
 const DEFAULT_UPSTREAM_PORT: u16 = 8081;
 
-/// OTLP/HTTP base endpoint; spans go to `<endpoint>/v1/traces`.
-pub const ENV_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
-/// OTLP/HTTP traces endpoint, used as it is; wins over [`ENV_OTLP_ENDPOINT`].
-pub const ENV_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
-/// `http/json` or `http/protobuf` (both are sent as JSON, which OTLP/HTTP receivers accept);
-/// `grpc` is not supported.
-pub const ENV_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-/// Traces-specific [`ENV_OTLP_PROTOCOL`].
-pub const ENV_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-/// Extra export headers, `key=value,key2=value2`.
-pub const ENV_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
-/// Traces-specific [`ENV_OTLP_HEADERS`].
-pub const ENV_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-/// Per-export time limit in milliseconds (or with a unit, `10s`).
-pub const ENV_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
-/// Traces-specific [`ENV_OTLP_TIMEOUT`].
-pub const ENV_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The `service.name` resource attribute.
-pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
-/// Knative's service name, the fallback for [`ENV_SERVICE_NAME`].
-pub const ENV_K_SERVICE: &str = "K_SERVICE";
-const DEFAULT_SERVICE_NAME: &str = "unknown_service:runr-wrapper";
+// The OTLP export's variables: read (and their defaults kept) by runr-base's exporter, which
+// runr-queue shares; listed in this binary's table below.
+pub use runr_base::otlp::{
+    OtlpConfig, ENV_BSP_MAX_EXPORT_BATCH_SIZE, ENV_BSP_MAX_QUEUE_SIZE, ENV_BSP_SCHEDULE_DELAY,
+    ENV_K_SERVICE, ENV_OTLP_ENDPOINT, ENV_OTLP_HEADERS, ENV_OTLP_PROTOCOL, ENV_OTLP_TIMEOUT,
+    ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_TRACES_HEADERS, ENV_OTLP_TRACES_PROTOCOL,
+    ENV_OTLP_TRACES_TIMEOUT, ENV_SDK_DISABLED, ENV_SERVICE_NAME,
+};
+#[cfg(test)]
+use runr_base::otlp::{DEFAULT_BSP_SCHEDULE_DELAY, DEFAULT_OTLP_TIMEOUT};
+
 /// The sampler (`parentbased_always_on` by default).
 pub const ENV_SAMPLER: &str = "OTEL_TRACES_SAMPLER";
 /// The sampler's ratio.
 pub const ENV_SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
-/// Longest wait of a span for its export batch, in milliseconds (or with a unit).
-pub const ENV_BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
-const DEFAULT_BSP_SCHEDULE_DELAY: Duration = Duration::from_secs(5);
-/// Spans queued for export at most; more are dropped.
-pub const ENV_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-const DEFAULT_BSP_MAX_QUEUE_SIZE: usize = 2048;
-/// Spans per export request at most.
-pub const ENV_BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
-const DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: usize = 512;
-/// `true` turns the export off (OpenTelemetry's standard switch; any other value is false, as
-/// the OpenTelemetry specification has it, so this one is not a flag of the common grammar).
-pub const ENV_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
-
 /// The observation variables, for `version`/`help`.
 pub const VARS: &[VarDoc] = &[
     VarDoc::new(
@@ -215,7 +189,8 @@ impl ObserveConfig {
                 .unwrap_or(usize::MAX),
             max_bytes: env.size_in(ENV_REPLAY_MAX_BYTES, DEFAULT_REPLAY_MAX_BYTES, 1..=u64::MAX),
         });
-        let otlp = otlp(env, tracing);
+        // No export without tracing: the spans are the tracing's.
+        let otlp = runr_base::otlp::from_env(env, "runr-wrapper").filter(|_| tracing);
         let listen_wait = env.duration(ENV_TICK_WAIT, DEFAULT_TICK_WAIT);
         ObserveConfig {
             tracing,
@@ -228,156 +203,7 @@ impl ObserveConfig {
     }
 }
 
-/// The first of two variables that is set: the traces-specific one wins.
-fn either(
-    env: &Env,
-    specific: &'static str,
-    general: &'static str,
-) -> Option<(&'static str, String)> {
-    env.value(specific)
-        .map(|v| (specific, v))
-        .or_else(|| env.value(general).map(|v| (general, v)))
-}
-
-/// A queue or batch size: a whole number above zero.
-fn positive(env: &mut Env, name: &'static str, default: usize) -> usize {
-    env.parse(name, default, |v| {
-        runr_base::env::parse_count(v, &(1..=usize::MAX))
-            .map_err(|_| "expected a positive whole number".to_string())
-    })
-}
-
-/// The span export, when an endpoint is set, tracing is on and the SDK is not disabled.
-fn otlp(env: &mut Env, tracing: bool) -> Option<OtlpConfig> {
-    let (name, v) = either(env, ENV_OTLP_TRACES_ENDPOINT, ENV_OTLP_ENDPOINT)?;
-    let url = if name == ENV_OTLP_ENDPOINT {
-        format!("{}/v1/traces", v.trim_end_matches('/'))
-    } else {
-        v.clone()
-    };
-    let endpoint = match Target::parse_url(&url) {
-        Ok(t) => Some(t),
-        Err(reason) => {
-            env.reject(
-                name,
-                Some(&v),
-                format!(
-                    "{reason} (the exporter speaks plain OTLP/HTTP to an in-cluster collector)"
-                ),
-            );
-            None
-        }
-    };
-    if let Some((name, v)) = either(env, ENV_OTLP_TRACES_PROTOCOL, ENV_OTLP_PROTOCOL) {
-        if !matches!(v.as_str(), "http/json" | "http/protobuf") {
-            env.reject(
-                name,
-                Some(&v),
-                "expected http/json or http/protobuf (grpc is not supported)",
-            );
-        }
-    }
-    let headers = match either(env, ENV_OTLP_TRACES_HEADERS, ENV_OTLP_HEADERS) {
-        None => Vec::new(),
-        Some((name, v)) => parse_headers(&v).unwrap_or_else(|reason| {
-            env.reject(name, Some(&v), reason);
-            Vec::new()
-        }),
-    };
-    let timeout = match env.value(ENV_OTLP_TRACES_TIMEOUT) {
-        Some(_) => env.duration_ms(ENV_OTLP_TRACES_TIMEOUT, DEFAULT_OTLP_TIMEOUT),
-        None => env.duration_ms(ENV_OTLP_TIMEOUT, DEFAULT_OTLP_TIMEOUT),
-    };
-    let schedule_delay = env.duration_ms(ENV_BSP_SCHEDULE_DELAY, DEFAULT_BSP_SCHEDULE_DELAY);
-    let max_queue = positive(env, ENV_BSP_MAX_QUEUE_SIZE, DEFAULT_BSP_MAX_QUEUE_SIZE);
-    let max_batch = positive(
-        env,
-        ENV_BSP_MAX_EXPORT_BATCH_SIZE,
-        DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE,
-    );
-    let disabled = env
-        .value(ENV_SDK_DISABLED)
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let service_name = env
-        .value(ENV_SERVICE_NAME)
-        .or_else(|| env.value(ENV_K_SERVICE))
-        .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
-    Some(OtlpConfig {
-        endpoint: endpoint?,
-        headers,
-        service_name,
-        timeout,
-        schedule_delay,
-        max_queue,
-        max_batch: max_batch.min(max_queue),
-    })
-    .filter(|_| tracing && !disabled)
-}
-
-/// `key=value,key2=value2` (W3C baggage-like, as the OTLP exporter spec defines).
-fn parse_headers(v: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
-    for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, val) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("{pair:?} is not key=value"))?;
-        let (k, val) = (k.trim(), percent_decode(val.trim()));
-        if http::HeaderName::from_bytes(k.as_bytes()).is_err()
-            || http::HeaderValue::from_str(&val).is_err()
-        {
-            return Err(format!("{pair:?} is not a valid header"));
-        }
-        out.push((k.to_string(), val));
-    }
-    Ok(out)
-}
-
-/// `%XX` escapes decoded (the exporter spec has header values URL-encoded, e.g.
-/// `Authorization=Basic%20...`); anything that is not a valid escape stays as it is.
-fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 // === the values ===
-
-/// Where spans go, and how they are batched.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OtlpConfig {
-    /// The traces endpoint (`.../v1/traces`).
-    pub endpoint: Target,
-    /// `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_TRACES_HEADERS`.
-    pub headers: Vec<(String, String)>,
-    /// `OTEL_SERVICE_NAME`.
-    pub service_name: String,
-    /// Per-export time limit.
-    pub timeout: Duration,
-    /// Longest time a span waits for its batch.
-    pub schedule_delay: Duration,
-    /// Spans held at most; more are dropped.
-    pub max_queue: usize,
-    /// Spans per export request at most.
-    pub max_batch: usize,
-}
 
 /// Where and how much to capture.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -496,7 +322,6 @@ mod tests {
             otlp.headers[1],
             ("authorization".into(), "Basic dTpw=".into())
         );
-        assert_eq!(percent_decode("a%2"), "a%2");
         assert_eq!(c.sampler, Sampler::TraceIdRatio(0.5));
         let (c, _) = parse(&[
             (ENV_TRACING, "1"),

@@ -1,6 +1,6 @@
 //! What the wrapper observes about each invocation when tracing (`RUNR_TRACING=1`) or replay
 //! capture (`RUNR_REPLAY=1`) is on: one record per finished invocation ([`record`]), read by
-//! the server span and access line ([`trace`]), their OTLP export ([`otlp`]) and the capture of
+//! the server span and access line ([`trace`]), their OTLP export (runr-base's exporter) and the capture of
 //! failed invocations ([`replay`]); what it always keeps: the Prometheus metrics ([`metrics`])
 //! and the handler's log lines with the per-invocation line ([`logs`]); and the wrapper's own
 //! log format.
@@ -11,7 +11,6 @@
 
 pub(crate) mod logs;
 pub(crate) mod metrics;
-pub(crate) mod otlp;
 pub(crate) mod record;
 pub(crate) mod replay;
 pub(crate) mod trace;
@@ -23,9 +22,9 @@ use http::HeaderMap;
 use runr_base::log::LogFormat;
 
 use crate::config::observe::{ObserveConfig, Sampler};
-use otlp::{Attr, Exporter, SpanData};
 pub(crate) use record::{Failure, Finished};
 use replay::ReplayWriter;
+use runr_base::otlp::{Attr, Exporter, SpanData, SpanKind};
 use trace::Span;
 
 /// The wrapper's own lines: `[runr-wrapper] [LEVEL ]message key=value` on stderr; the level is
@@ -168,7 +167,12 @@ fn span_data(span: &Span, done: &Finished<'_>) -> SpanData {
         attributes.push(("error.type", Attr::Str(f.as_str().to_string())));
     }
     SpanData {
-        span: span.clone(),
+        trace_id: span.trace_id,
+        span_id: span.span_id,
+        parent_span_id: span.parent_span_id,
+        sampled: span.sampled,
+        kind: SpanKind::Server,
+        start: span.start,
         name: done.method.to_string(),
         end: span.start + done.took,
         attributes,

@@ -18,9 +18,9 @@ use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::otlp::WarnGate;
 use super::record::{Failure, Finished};
 use crate::config::observe::ReplayConfig;
+use runr_base::otlp::WarnGate;
 
 /// Headers whose values never reach the capture file.
 pub const REDACTED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];

@@ -11,8 +11,7 @@ use http::HeaderMap;
 
 use crate::config::observe::{Root, Sampler};
 
-/// The W3C header carrying the trace context.
-pub const TRACEPARENT: &str = "traceparent";
+pub use runr_base::traceparent::{parse_traceparent, Parent, TRACEPARENT};
 
 /// Whether `sampler` samples a span of trace `trace_id` with caller `parent`.
 pub fn sampled(sampler: &Sampler, trace_id: &[u8; 16], parent: Option<&Parent>) -> bool {
@@ -42,63 +41,6 @@ fn ratio_hit(trace_id: &[u8; 16], ratio: f64) -> bool {
     (u64::from_be_bytes(low) as f64) < ratio * (u64::MAX as f64)
 }
 
-/// The caller's span, from a valid incoming `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Parent {
-    /// The trace we continue.
-    pub trace_id: [u8; 16],
-    /// The caller's span id: our span's parent.
-    pub span_id: [u8; 8],
-    /// The caller's sampled flag.
-    pub sampled: bool,
-}
-
-/// Parses a `traceparent` value (W3C Trace Context level 1); `None` when it is invalid, in which
-/// case a new trace starts, as the specification asks.
-pub fn parse_traceparent(value: &str) -> Option<Parent> {
-    let value = value.trim();
-    let mut parts = value.splitn(5, '-');
-    let version = parts.next()?;
-    let trace = parts.next()?;
-    let span = parts.next()?;
-    let flags = parts.next()?;
-    let rest = parts.next();
-    let version = u8::from_str_radix(version, 16)
-        .ok()
-        .filter(|_| version.len() == 2)?;
-    // ff is forbidden; version 00 has exactly four fields, later versions may append more.
-    if version == 0xff || (version == 0 && rest.is_some()) {
-        return None;
-    }
-    let trace_id: [u8; 16] = unhex(trace)?;
-    let span_id: [u8; 8] = unhex(span)?;
-    let [flags]: [u8; 1] = unhex(flags)?;
-    if trace_id == [0; 16] || span_id == [0; 8] {
-        return None;
-    }
-    Some(Parent {
-        trace_id,
-        span_id,
-        sampled: flags & 1 == 1,
-    })
-}
-
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    // Upper-case hex is invalid in traceparent.
-    if s.len() != N * 2
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
 /// The wrapper's server span for one request.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -122,20 +64,10 @@ impl Span {
             .get(TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_traceparent);
-        let mut ids = [0u8; 24];
-        runr_base::fmt::random_bytes(&mut ids);
-        let mut span_id = [0u8; 8];
-        span_id.copy_from_slice(&ids[16..]);
-        if span_id == [0; 8] {
-            span_id[7] = 1;
-        }
+        let span_id = runr_base::traceparent::new_span_id();
         let trace_id = match &parent {
             Some(p) => p.trace_id,
-            None => {
-                let mut t = [0u8; 16];
-                t.copy_from_slice(&ids[..16]);
-                t
-            }
+            None => runr_base::traceparent::new_trace_id(),
         };
         Span {
             trace_id,
@@ -148,11 +80,10 @@ impl Span {
 
     /// The `traceparent` for the next hop: same trace, our span as the parent.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{}",
-            runr_base::fmt::hex(&self.trace_id),
-            runr_base::fmt::hex(&self.span_id),
-            if self.sampled { "01" } else { "00" }
+        runr_base::traceparent::format_traceparent(
+            &self.trace_id,
+            &self.span_id,
+            u8::from(self.sampled),
         )
     }
 
@@ -262,36 +193,6 @@ mod tests {
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     #[test]
-    fn traceparent_parses_and_rejects() {
-        let p = parse_traceparent(TP).unwrap();
-        assert_eq!(
-            runr_base::fmt::hex(&p.trace_id),
-            "4bf92f3577b34da6a3ce929d0e0e4736"
-        );
-        assert_eq!(runr_base::fmt::hex(&p.span_id), "00f067aa0ba902b7");
-        assert!(p.sampled);
-        assert!(
-            !parse_traceparent(&TP.replace("-01", "-00"))
-                .unwrap()
-                .sampled
-        );
-        // A later version may carry more fields.
-        assert!(parse_traceparent(&format!("01{}-extra", &TP[2..])).is_some());
-        for bad in [
-            "",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-        ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad:?}");
-        }
-    }
-
-    #[test]
     fn span_continues_the_trace_with_a_new_span() {
         let mut h = HeaderMap::new();
         h.insert(TRACEPARENT, TP.parse().unwrap());
@@ -338,6 +239,7 @@ mod tests {
             trace_id: high,
             span_id: [1; 8],
             sampled: false,
+            flags: 0,
         };
         let follow = Sampler::ParentBased(Root::AlwaysOn);
         assert!(

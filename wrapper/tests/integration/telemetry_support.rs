@@ -3,10 +3,7 @@
 //! lines.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use runr_testkit::wait_for;
@@ -95,47 +92,8 @@ pub fn scrape(addr: SocketAddr) -> Scrape {
         r.header("content-type"),
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prom_parse.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    child.stdin.take().unwrap().write_all(&r.body).unwrap();
-    let out = child.wait_with_output().unwrap();
     let text = r.text();
-    assert!(
-        out.status.success(),
-        "prometheus_client could not parse:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let samples = parsed["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            let labels = s[1]
-                .as_object()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-                .collect();
-            (
-                s[0].as_str().unwrap().to_string(),
-                labels,
-                s[2].as_f64().unwrap(),
-            )
-        })
-        .collect();
-    let types = parsed["types"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-        .collect();
+    let runr_testkit::prom::Parsed { samples, types } = runr_testkit::prom::parse(&r.body);
     Scrape {
         samples,
         types,

@@ -3,5 +3,6 @@
 
 mod httpd;
 mod range_cache;
+mod redis_cluster;
 mod tls;
 mod token;
