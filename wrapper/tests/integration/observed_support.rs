@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use runr_testkit::{free_port, Child};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
-
-use crate::support::{bin, children_of, Wrapper};
+use crate::support::{bin, Wrapper};
 
 /// `python3 <upstream.py>` as a RUNR_COMMAND JSON array.
 pub fn upstream_command() -> String {
@@ -64,14 +61,6 @@ impl std::ops::Deref for Proxy {
 impl std::ops::DerefMut for Proxy {
     fn deref_mut(&mut self) -> &mut Wrapper {
         &mut self.0
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        for (pid, _) in children_of(self.0.child.pid() as i32) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
     }
 }
 

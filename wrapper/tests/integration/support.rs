@@ -99,6 +99,26 @@ impl std::ops::DerefMut for Wrapper {
     }
 }
 
+impl Drop for Wrapper {
+    /// The wrapper's children lead process groups of their own, which the SIGKILL of the
+    /// wrapper's group does not reach, and a worker that ignores EOF and SIGTERM (as some
+    /// fixtures do on purpose) would outlive the test. Stopped first, so the wrapper cannot
+    /// start a replacement between the two kills.
+    fn drop(&mut self) {
+        use nix::sys::signal::{kill, killpg, Signal};
+        use nix::unistd::Pid;
+        // Only while it runs: the pid of a reaped wrapper may be another process's by now.
+        if !matches!(self.server.child.inner().try_wait(), Ok(None)) {
+            return;
+        }
+        let pid = self.server.child.pid() as i32;
+        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        for (child, _) in children_of(pid) {
+            let _ = killpg(Pid::from_raw(child), Signal::SIGKILL);
+        }
+    }
+}
+
 /// What the wrapper's answers are read as.
 pub trait RespExt {
     /// The body as JSON (panics with the body when it is not).
