@@ -330,24 +330,8 @@ impl std::fmt::Debug for RedisUrl {
     }
 }
 
-/// The function's address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// Host name or address to connect to.
-    pub host: String,
-    /// TCP port (80 when the URL names none).
-    pub port: u16,
-    /// The `Host` header: the URL's authority as written.
-    pub authority: String,
-    /// Path and query of every request, `/` at least.
-    pub path: String,
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.path)
-    }
-}
+/// The function's address: the workspace's one plain-HTTP endpoint type and parser.
+pub use runr_base::target::Target;
 
 /// Everything runr-queue is configured with.
 #[derive(Debug, Clone)]
@@ -452,10 +436,10 @@ impl Config {
             },
         };
         let target = match role {
-            Role::Consumer => env.required(ENV_TARGET, parse_target),
+            Role::Consumer => env.required(ENV_TARGET, Target::parse_url),
             Role::Admin => env
-                .optional(ENV_TARGET, parse_target)
-                .or_else(|| parse_target("http://localhost/").ok()),
+                .optional(ENV_TARGET, Target::parse_url)
+                .or_else(|| Target::parse_url("http://localhost/").ok()),
         };
         let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=MAX_CONCURRENCY);
         let max_attempts = env.count(ENV_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, 1..=MAX_MAX_ATTEMPTS);
@@ -827,52 +811,6 @@ fn check_name(env: &mut Env<'_>, name: &'static str, value: &str) -> Option<Stri
             None
         }
     }
-}
-
-/// `http://host[:port][/path][?query]`.
-pub fn parse_target(v: &str) -> Result<Target, String> {
-    const FORMS: &str = "expected http://host[:port][/path]";
-    let uri: http::Uri = v.parse().map_err(|_| FORMS.to_string())?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-            "https is not supported (the function's in-cluster address speaks plain HTTP): {FORMS}"
-        ))
-        }
-        _ => return Err(FORMS.to_string()),
-    }
-    let authority = uri.authority().ok_or_else(|| FORMS.to_string())?;
-    if authority.as_str().contains('@') {
-        return Err(format!("credentials in the URL are not supported: {FORMS}"));
-    }
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    if host.is_empty() {
-        return Err(FORMS.to_string());
-    }
-    let port = match authority.port() {
-        Some(p) => runr_base::env::parse_port(p.as_str())?,
-        None => 80,
-    };
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .filter(|p| !p.is_empty())
-        .unwrap_or("/");
-    let path = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("/{path}")
-    };
-    Ok(Target {
-        host: host.to_string(),
-        port,
-        authority: authority.as_str().to_string(),
-        path,
-    })
 }
 
 /// `ConfigError`s as the lines `main` prints: one per bad variable.
@@ -1532,30 +1470,6 @@ mod tests {
         assert!(out.contains(r#"="redis://***@host:6379": the user name or password holds a raw / ? or #: percent-encode them"#), "{out}");
         let ok = parse_redis_url("redis://user:se%2FZq9@host:6379/3").unwrap();
         assert_eq!(ok.display, "redis://***@host:6379/3");
-    }
-
-    #[test]
-    fn targets() {
-        assert_eq!(
-            parse_target("http://[::1]:9000/p").unwrap(),
-            Target {
-                host: "::1".into(),
-                port: 9000,
-                authority: "[::1]:9000".into(),
-                path: "/p".into()
-            }
-        );
-        assert_eq!(parse_target("http://fn?q=1").unwrap().path, "/?q=1");
-        for bad in [
-            "fn.example",
-            "ftp://fn",
-            "http://",
-            "http://u:p@fn",
-            "http://fn:0",
-            "https://fn",
-        ] {
-            assert!(parse_target(bad).is_err(), "{bad:?} should be rejected");
-        }
     }
 
     #[test]
