@@ -13,7 +13,8 @@
 //! - [`traceparent`]: W3C Trace Context's `traceparent`, parsed and written;
 //! - [`target`]: a plain-HTTP endpoint from a URL;
 //! - `serve` (feature `serve`): the HTTP/1 accept loop with a bounded drain;
-//! - `otlp` (feature `otlp`): the OTLP/HTTP JSON span exporter and its `OTEL_*` variables.
+//! - `otlp` (feature `otlp`): the OTLP/HTTP JSON span exporter and its `OTEL_*` variables;
+//! - `roots` (feature `roots`): the compiled-in TLS roots as one PEM bundle.
 //!
 //! It depends only on crates the smallest binary (runr-tick) links anyway, so using it makes
 //! no binary bigger; what needs more sits behind a feature.
@@ -26,6 +27,8 @@ pub mod logfmt;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod platform;
+#[cfg(feature = "roots")]
+pub mod roots;
 pub mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -1,25 +1,8 @@
-//! The built-in roots (Mozilla's, through `webpki-root-certs`) as the PEM bundle redis-rs takes
-//! for `rediss://`: a FROM scratch image has no CA store, and with a root store of its own
-//! redis-rs trusts exactly these.
+//! TLS set-up for `rediss://`: the crypto provider, and the roots redis-rs trusts (the
+//! compiled-in ones, as PEM: a FROM scratch image has no CA store).
 
-use base64::Engine;
-
-/// Every built-in root as one PEM bundle.
-pub(crate) fn pem_bundle() -> String {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut out = String::new();
-    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        let text = b64.encode(der.as_ref());
-        for line in text.as_bytes().chunks(64) {
-            // base64 output is ASCII: every chunk is valid UTF-8.
-            out.push_str(std::str::from_utf8(line).unwrap_or_default());
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
-    }
-    out
-}
+/// Every built-in root as one PEM bundle (the workspace's one builder, in runr-base).
+pub(crate) use runr_base::roots::pem_bundle;
 
 /// rustls needs one process-wide crypto provider; ring is the one compiled in (no cmake or
 /// aws-lc in musl builds). A second install (tests) is a no-op.

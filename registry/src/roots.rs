@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::os::fd::{AsRawFd, IntoRawFd};
 
-use base64::Engine;
+use runr_base::roots::pem_bundle;
 
 /// Where Debian, Alpine, Fedora and friends keep their bundles; any of them makes this a no-op.
 const SYSTEM_BUNDLES: &[&str] = &[
@@ -47,35 +47,4 @@ pub fn ensure_system_roots() -> std::io::Result<()> {
     let _ = file.into_raw_fd();
     std::env::set_var("SSL_CERT_FILE", path);
     Ok(())
-}
-
-/// The compiled-in roots as one PEM bundle.
-fn pem_bundle() -> String {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut out = String::new();
-    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        let text = b64.encode(der.as_ref());
-        for line in text.as_bytes().chunks(64) {
-            out.push_str(std::str::from_utf8(line).unwrap_or_default());
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bundle_holds_every_root_as_pem() {
-        let pem = pem_bundle();
-        assert_eq!(
-            pem.matches("-----BEGIN CERTIFICATE-----").count(),
-            webpki_root_certs::TLS_SERVER_ROOT_CERTS.len()
-        );
-        assert!(pem.lines().all(|l| l.len() <= 64 || l.starts_with("-----")));
-    }
 }
