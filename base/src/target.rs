@@ -35,7 +35,7 @@ impl Target {
             Some("http") => {}
             Some("https") => {
                 return Err(format!(
-                    "https is not supported (the function's in-cluster address speaks plain HTTP): {FORMS}"
+                    "https is not supported (in-cluster endpoints speak plain HTTP): {FORMS}"
                 ))
             }
             _ => return Err(FORMS.to_string()),
