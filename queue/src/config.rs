@@ -101,7 +101,7 @@ const MS: Duration = Duration::from_millis(1);
 pub const VARS: &[VarDoc] = &[
     VarDoc::required(
         ENV_REDIS_URL,
-        "redis://[user:password@]host:port[/db], or rediss:// (TLS, built-in roots)",
+        "redis://[user:password@]host:port[/db], rediss:// (TLS, built-in roots), redis+sentinel://sentinel[,sentinel…]/service[/db] or redis+cluster://node[,node…] (rediss+cluster:// with TLS)",
     ),
     VarDoc::optional(
         ENV_REDIS_CA_FILE,
@@ -286,6 +286,51 @@ pub struct RedisUrl {
     pub tls: bool,
     /// `redis+sentinel://…`: the master of a service, as the sentinels name it.
     pub sentinel: Option<SentinelUrl>,
+    /// `redis+cluster://…` or `rediss+cluster://…`: the master of the stream's hash slot, as
+    /// the cluster names it.
+    pub cluster: Option<ClusterUrl>,
+}
+
+/// The cluster form: the nodes to ask first, and how to log in to any node.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterUrl {
+    /// The nodes of the URL, `host` without brackets, port 6379 when not given.
+    pub nodes: Vec<(String, u16)>,
+    /// `user:password` as written in the URL (percent-encoded; never log it).
+    userinfo: Option<String>,
+    tls: bool,
+}
+
+impl ClusterUrl {
+    /// A URL redis-rs reads for the node at `host:port`, with the credentials (never log it).
+    pub fn node_url(&self, host: &str, port: u16) -> String {
+        format!(
+            "{}://{}{}/0",
+            if self.tls { "rediss" } else { "redis" },
+            self.userinfo
+                .as_deref()
+                .map(|u| format!("{u}@"))
+                .unwrap_or_default(),
+            host_port(host, port),
+        )
+    }
+}
+
+impl std::fmt::Debug for ClusterUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterUrl")
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 host.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// The sentinel form: whom to ask, for which service, and how to log in to the master.
@@ -478,6 +523,11 @@ impl Config {
             }
         }
         let dead_letters = dead_letters.or_else(|| stream.as_ref().map(|s| format!("{s}-dlq")));
+        if redis.as_ref().is_some_and(|r| r.cluster.is_some()) {
+            if let (Some(s), Some(d)) = (&stream, &dead_letters) {
+                check_one_slot(&mut env, s, d);
+            }
+        }
         let metrics_port = env.optional(ENV_METRICS_PORT, |v| {
             v.trim()
                 .parse::<u16>()
@@ -526,6 +576,39 @@ impl Config {
     }
 }
 
+/// In a Redis Cluster, a dead letter moves (and a redrive moves it back) in one `MULTI`, which
+/// Redis runs only on keys of one hash slot: the stream and its dead-letter stream must share one.
+fn check_one_slot(env: &mut Env<'_>, stream: &str, dead_letters: &str) {
+    let (a, b) = (key_slot(stream), key_slot(dead_letters));
+    if a == b {
+        return;
+    }
+    // A name that works: the stream's own hash tag, or the stream's whole name as the tag.
+    let tag = match stream.find('{').and_then(|o| {
+        let len = stream[o + 1..].find('}')?;
+        (len > 0).then(|| &stream[o..o + len + 2])
+    }) {
+        Some(tag) => tag.to_string(),
+        None => format!("{{{stream}}}"),
+    };
+    let suggestion = format!("{tag}-dlq");
+    let example = if key_slot(&suggestion) == a {
+        format!(", e.g. {ENV_DEAD_LETTER_STREAM}={suggestion}")
+    } else {
+        String::new()
+    };
+    let value = env.value(ENV_DEAD_LETTER_STREAM);
+    env.reject(
+        ENV_DEAD_LETTER_STREAM,
+        Some(value.as_deref().unwrap_or(dead_letters)),
+        format!(
+            "in a Redis Cluster it must be in the hash slot of {ENV_STREAM}={stream} \
+             (slot {b}, the stream's is {a}; a dead letter moves in one MULTI): give both names \
+             one {{…}} hash tag{example}"
+        ),
+    );
+}
+
 /// [`ENV_START`]: `$`, `0`, or an entry id `<ms>[-<seq>]`.
 pub fn parse_start(v: &str) -> Result<String, String> {
     if v == "$" || v == "0" {
@@ -562,10 +645,12 @@ fn redis_url(env: &mut Env<'_>) -> Option<RedisUrl> {
 }
 
 const REDIS_FORMS: &str =
-    "expected redis://[user:password@]host:port[/db], rediss://[user:password@]host:port[/db] or redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]";
+    "expected redis://[user:password@]host:port[/db], rediss://[user:password@]host:port[/db], redis+sentinel://[user:password@]host:port[,host:port…]/service[/db] or redis+cluster://[user:password@]host:port[,host:port…] (rediss+cluster:// with TLS)";
 
 /// The port of a sentinel when the URL names none.
 const SENTINEL_PORT: u16 = 26379;
+/// The port of a cluster node when the URL names none.
+const CLUSTER_PORT: u16 = 6379;
 
 /// `redis://[user:password@]host[:port][/db]` or `rediss://…`; redis-rs parses it once more when
 /// connecting, and must accept what this accepts. No reason quotes a part of the URL: in a URL
@@ -573,6 +658,12 @@ const SENTINEL_PORT: u16 = 26379;
 pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     if let Some(rest) = url.strip_prefix("redis+sentinel://") {
         return parse_sentinel_url(url, rest);
+    }
+    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        return parse_cluster_url(url, rest, false);
+    }
+    if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+        return parse_cluster_url(url, rest, true);
     }
     let (tls, rest) = if let Some(rest) = url.strip_prefix("redis://") {
         (false, rest)
@@ -622,6 +713,7 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
         display: redact(url),
         tls,
         sentinel: None,
+        cluster: None,
     })
 }
 
@@ -645,19 +737,7 @@ fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
         ));
     }
     let (hosts, path) = location.split_once('/').unwrap_or((location, ""));
-    let mut nodes = Vec::new();
-    for node in hosts.split(',') {
-        let (host, port) = split_host_port(node)?;
-        if host.is_empty() {
-            return Err(format!("a sentinel without a host: {REDIS_FORMS}"));
-        }
-        let port = match port {
-            Some(p) => runr_base::env::parse_port(p)
-                .map_err(|_| format!("the port is not a number from 1 to 65535: {REDIS_FORMS}"))?,
-            None => SENTINEL_PORT,
-        };
-        nodes.push((host.to_string(), port));
-    }
+    let nodes = parse_nodes(hosts, SENTINEL_PORT, "a sentinel")?;
     let (service, db) = path.split_once('/').unwrap_or((path, ""));
     if service.is_empty() || !service.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!(
@@ -668,11 +748,7 @@ fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
         return Err(format!("the database is not a number: {REDIS_FORMS}"));
     }
     let (first_host, first_port) = &nodes[0];
-    let first = if first_host.contains(':') {
-        format!("[{first_host}]:{first_port}")
-    } else {
-        format!("{first_host}:{first_port}")
-    };
+    let first = host_port(first_host, *first_port);
     let master_login = format!(
         "redis://{}{first}/{}",
         userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
@@ -691,7 +767,87 @@ fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
             service: service.to_string(),
             master_login,
         }),
+        cluster: None,
     })
+}
+
+/// `host[:port][,host[:port]…]`: `what` (a sentinel, a node) names the part in the error.
+fn parse_nodes(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(String, u16)>, String> {
+    let mut nodes = Vec::new();
+    for node in hosts.split(',') {
+        let (host, port) = split_host_port(node)?;
+        if host.is_empty() {
+            return Err(format!("{what} without a host: {REDIS_FORMS}"));
+        }
+        let port = match port {
+            Some(p) => runr_base::env::parse_port(p)
+                .map_err(|_| format!("the port is not a number from 1 to 65535: {REDIS_FORMS}"))?,
+            None => default_port,
+        };
+        nodes.push((host.to_string(), port));
+    }
+    Ok(nodes)
+}
+
+/// `redis+cluster://[user:password@]host[:port][,host[:port]…][/0]` (the node list of
+/// redis-rs's cluster client, KEDA's `addresses` and Dapr's `redisHost`, in one URL);
+/// `rediss+cluster://` with TLS. Any node will do: the consumer asks it which master serves
+/// the stream's hash slot. A cluster has only database 0.
+fn parse_cluster_url(url: &str, rest: &str, tls: bool) -> Result<RedisUrl, String> {
+    let (userinfo, location) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        return Err(format!(
+            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
+        ));
+    }
+    if location.contains(['?', '#']) {
+        return Err(format!(
+            "no query (?…) or fragment (#…) in a cluster URL: {REDIS_FORMS}"
+        ));
+    }
+    let (hosts, path) = location.split_once('/').unwrap_or((location, ""));
+    let nodes = parse_nodes(hosts, CLUSTER_PORT, "a node")?;
+    if !matches!(path, "" | "0") {
+        return Err(format!(
+            "a Redis Cluster has only database 0: no database in a cluster URL: {REDIS_FORMS}"
+        ));
+    }
+    let cluster = ClusterUrl {
+        nodes,
+        userinfo: userinfo.map(str::to_string),
+        tls,
+    };
+    let (host, port) = &cluster.nodes[0];
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(cluster.node_url(host, *port)) {
+        // Only the category: redis-rs's detail may quote the URL, password and all.
+        return Err(format!("not a Redis URL ({}): {REDIS_FORMS}", e.category()));
+    }
+    Ok(RedisUrl {
+        url: url.to_string(),
+        display: redact(url),
+        tls,
+        sentinel: None,
+        cluster: Some(cluster),
+    })
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of the key, or of what its first
+/// `{…}` holds when that is not empty, modulo 16384 (the cluster specification's rule).
+pub fn key_slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let tag = &key[open + 1..];
+            let len = tag.iter().position(|&b| b == b'}')?;
+            (len > 0).then(|| &tag[..len])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
 }
 
 /// The CA file's contents: readable, and at least one PEM certificate in it.
@@ -1031,6 +1187,118 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls() {
+        let u =
+            parse_redis_url("redis+cluster://app:s%2F3cret@10.0.0.1:7000,[::1],n3.example:7002")
+                .unwrap();
+        assert_eq!(
+            u.display,
+            "redis+cluster://***@10.0.0.1:7000,[::1],n3.example:7002"
+        );
+        assert!(!u.tls && u.sentinel.is_none());
+        let c = u.cluster.as_ref().unwrap();
+        assert_eq!(
+            c.nodes,
+            [
+                ("10.0.0.1".to_string(), 7000),
+                ("::1".to_string(), 6379),
+                ("n3.example".to_string(), 7002)
+            ]
+        );
+        let debug = format!("{c:?} {u:?}");
+        assert!(!debug.contains("3cret"), "{debug}");
+        let node =
+            redis::IntoConnectionInfo::into_connection_info(c.node_url("::1", 7001)).unwrap();
+        assert_eq!(node.redis_settings().password(), Some("s/3cret"));
+        assert_eq!(node.redis_settings().username(), Some("app"));
+        assert_eq!(node.redis_settings().db(), 0);
+        assert_eq!(
+            c.node_url("::1", 7001),
+            "redis://app:s%2F3cret@[::1]:7001/0"
+        );
+        let tls = parse_redis_url("rediss+cluster://h/0").unwrap();
+        assert!(tls.tls);
+        assert_eq!(
+            tls.cluster.as_ref().unwrap().node_url("h", 1),
+            "rediss://h:1/0"
+        );
+        assert!(parse_redis_url("redis://h:1").unwrap().cluster.is_none());
+        for (bad, why) in [
+            ("redis+cluster://h:1,,h:2", "a node without a host"),
+            ("redis+cluster://h:0", "the port is not a number"),
+            ("redis+cluster://h:1/2", "only database 0"),
+            ("redis+cluster://h:1/?x=1", "no query"),
+            ("redis+cluster://u:p/w@h:1", "percent-encode"),
+            ("redis+cluster://", "a node without a host"),
+        ] {
+            let e = parse_redis_url(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hash_slots_match_the_cluster_specification() {
+        // The specification's own examples, and the hash tag rules (first `{`, non-empty).
+        assert_eq!(key_slot("123456789"), 12739);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+        assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
+        assert_eq!(key_slot("foo{bar}{zap}"), key_slot("bar"));
+        for key in ["orders", "{orders}", "a{b}c", "{}x", "x{", "é{ü}"] {
+            assert_eq!(
+                key_slot(key),
+                runr_testkit::redis::key_slot(key.as_bytes()),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cluster_needs_the_dead_letters_in_the_streams_slot() {
+        let cluster = [(ENV_REDIS_URL, "redis+cluster://10.0.0.1:7000,10.0.0.2:7000")];
+        // The default `<stream>-dlq` of a stream with a hash tag shares its slot.
+        let c = parse(&with(&[cluster[0], (ENV_STREAM, "{orders}")])).unwrap();
+        assert_eq!(c.dead_letter_stream(), "{orders}-dlq");
+        let c = parse(&with(&[
+            cluster[0],
+            (ENV_DEAD_LETTER_STREAM, "{orders}-parked"),
+        ]))
+        .unwrap();
+        assert_eq!(c.dead_letter_stream(), "{orders}-parked");
+        // Standalone Redis does not care.
+        assert!(parse(&with(&[(ENV_DEAD_LETTER_STREAM, "parked")])).is_ok());
+        for (stream, dead_letters, example) in [
+            ("orders", None, Some("{orders}-dlq")),
+            ("orders", Some("parked"), Some("{orders}-dlq")),
+            ("jobs{eu}", Some("{us}-dlq"), Some("{eu}-dlq")),
+            ("{}x", None, None),
+        ] {
+            let mut vars = with(&[cluster[0], (ENV_STREAM, stream)]);
+            if let Some(d) = dead_letters {
+                vars.push((ENV_DEAD_LETTER_STREAM, d));
+            }
+            let errors = parse(&vars).unwrap_err();
+            assert_eq!(errors.names(), [ENV_DEAD_LETTER_STREAM], "{stream}");
+            let text = errors.to_string();
+            assert!(
+                text.contains("RUNR_QUEUE_STREAM=") && text.contains("hash slot"),
+                "{text}"
+            );
+            match example {
+                Some(e) => {
+                    assert!(
+                        text.contains(&format!("e.g. RUNR_QUEUE_DEAD_LETTER_STREAM={e}")),
+                        "{text}"
+                    );
+                    assert_eq!(key_slot(e), key_slot(stream), "{e}");
+                }
+                None => assert!(!text.contains("e.g."), "{text}"),
+            }
+        }
+    }
+
+    #[test]
     fn starts() {
         assert_eq!(parse(GOOD).unwrap().start, "$");
         for good in ["$", "0", "1700000000000", "1700000000000-0", "0-1"] {
@@ -1364,15 +1632,24 @@ mod tests {
             host in prop_oneof![Just("localhost"), Just("10.0.0.1"), Just("[::1]"), Just("redis.example")],
             port in proptest::option::of(1u16..=65535),
             db in proptest::option::of(0u32..16),
-            sentinel in any::<bool>(),
+            form in 0..3u8,
         ) {
-            let scheme = match (sentinel, tls) {
-                (true, _) => "redis+sentinel",
-                (false, true) => "rediss",
-                (false, false) => "redis",
+            let (sentinel, cluster) = (form == 1, form == 2);
+            let scheme = match (sentinel, cluster, tls) {
+                (true, _, _) => "redis+sentinel",
+                (_, true, true) => "rediss+cluster",
+                (_, true, false) => "redis+cluster",
+                (_, _, true) => "rediss",
+                _ => "redis",
             };
-            // The sentinel form: two sentinels, then the service.
-            let service = if sentinel { ",sentinel-2.example:26380/mymaster" } else { "" };
+            // The sentinel form: two sentinels, then the service; the cluster form: two nodes,
+            // database 0 only.
+            let service = match (sentinel, cluster) {
+                (true, _) => ",sentinel-2.example:26380/mymaster",
+                (_, true) => ",node-2.example:7001",
+                _ => "",
+            };
+            let db = if cluster { db.map(|_| 0) } else { db };
             let location = format!(
                 "{host}{}{service}{}",
                 port.map(|p| format!(":{p}")).unwrap_or_default(),

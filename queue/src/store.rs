@@ -181,31 +181,36 @@ fn server_error_text(e: &redis::ServerError) -> String {
     }
 }
 
-/// A broken connection is replaced; a server error (LOADING, OOM…) keeps it, but for READONLY:
-/// the connection's server is a replica now (a master demoted by a failover), and a new
-/// connection (asked of the sentinels again) finds the new master.
+/// A broken connection is replaced; a server error (LOADING, OOM…) keeps it, but for READONLY
+/// and MOVED: the connection's server is a replica now (a master demoted by a failover) or no
+/// longer serves the stream's cluster slot (a resharding), and a new connection (asked of the
+/// sentinels or the cluster again) finds the right master.
 fn breaks_connection(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-        || readonly(e)
+        || redirected(e)
 }
 
-/// READONLY, as the answer or as the reason a transaction was refused.
-fn readonly(e: &redis::RedisError) -> bool {
-    e.code() == Some("READONLY")
+/// READONLY or MOVED, as the answer or as the reason a transaction was refused.
+fn redirected(e: &redis::RedisError) -> bool {
+    let elsewhere = |code: &str| matches!(code, "READONLY" | "MOVED");
+    e.code().is_some_and(elsewhere)
         || e.clone()
             .into_server_errors()
-            .is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == "READONLY"))
+            .is_some_and(|errors| errors.iter().any(|(_, s)| elsewhere(s.code())))
 }
 
-/// Where connections go: one Redis, or the master the sentinels name at the time.
+/// Where connections go: one Redis, the master the sentinels name at the time, or the cluster
+/// master that serves the stream's hash slot at the time.
 enum Source {
     Direct(redis::Client),
     /// Asked again for every new connection, so that a failover is followed.
     Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+    /// Asked again for every new connection, so that a failover or a resharding is followed.
+    Cluster(Cluster),
 }
 
 impl Source {
@@ -234,7 +239,152 @@ impl Source {
                     .get_multiplexed_async_connection_with_config(config)
                     .await
             }
+            Source::Cluster(cluster) => cluster.connect(config).await,
         }
+    }
+}
+
+/// A Redis Cluster, reached through the master of one hash slot: the stream and its dead-letter
+/// stream share that slot (checked at start), so every command, `MULTI` and blocking read of
+/// this consumer goes to one node and no command needs routing. A failover or a resharding
+/// answers `MOVED` (or `READONLY` from a demoted master): the connection is dropped and the next
+/// one asks the cluster again. redis-rs's cluster client is not used: it multiplexes every
+/// caller onto one connection per node, where the blocking `XREADGROUP` needs a connection of
+/// its own and its client id (for `CLIENT UNBLOCK` at shutdown).
+struct Cluster {
+    url: crate::config::ClusterUrl,
+    tls: Option<redis::TlsCertificates>,
+    slot: u16,
+    /// The masters the cluster named last time, asked before the URL's nodes (which may be
+    /// gone by now).
+    known: Mutex<Vec<Node>>,
+}
+
+impl Cluster {
+    fn client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let url = self.url.node_url(host, port);
+        match &self.tls {
+            Some(certs) => redis::Client::build_with_tls(url, certs.clone()),
+            None => redis::Client::open(url),
+        }
+    }
+
+    /// Asks the nodes in turn which master serves the slot (`CLUSTER SLOTS`), and connects to
+    /// it. A refused login ends the search (every node has the same users).
+    async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        let mut nodes = self.known.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for node in &self.url.nodes {
+            if !nodes.contains(node) {
+                nodes.push(node.clone());
+            }
+        }
+        let mut last = None;
+        for (host, port) in &nodes {
+            match self.ask(host, *port, config).await {
+                Ok(found) => return Ok(found),
+                Err(e)
+                    if e.kind() == redis::ErrorKind::AuthenticationFailed
+                        || e.code().is_some_and(fatal_code) =>
+                {
+                    return Err(e)
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| no_master(self.slot)))
+    }
+
+    async fn ask(
+        &self,
+        host: &str,
+        port: u16,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        let mut conn = self
+            .client(host, port)?
+            .get_multiplexed_async_connection_with_config(config)
+            .await?;
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await?;
+        let (master, masters) =
+            cluster_master(&reply, self.slot, host).ok_or_else(|| no_master(self.slot))?;
+        *self.known.lock().unwrap_or_else(|e| e.into_inner()) = masters;
+        if master == (host.to_string(), port) {
+            return Ok(conn);
+        }
+        self.client(&master.0, master.1)?
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+    }
+}
+
+/// A cluster node's `host` and port.
+type Node = (String, u16);
+
+fn no_master(slot: u16) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other(format!(
+        "no cluster node serves hash slot {slot} of the stream (the cluster is down or the slot unassigned)"
+    )))
+}
+
+/// From a `CLUSTER SLOTS` reply (`[start, end, [host, port, id…], replicas…]…`): the master of
+/// `slot`, and every master. A node whose host is empty or `?` (the preferred endpoint type is
+/// unknown to it) is the one asked, `asked`.
+fn cluster_master(reply: &Value, slot: u16, asked: &str) -> Option<(Node, Vec<Node>)> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut found = None;
+    let mut masters: Vec<Node> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(node))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return None;
+        };
+        let host = match node.first().and_then(as_text) {
+            Some(h) if !h.is_empty() && h != "?" => h,
+            _ => asked.to_string(),
+        };
+        let Some(Value::Int(port)) = node.get(1) else {
+            return None;
+        };
+        let master = (host, u16::try_from(*port).ok()?);
+        if (*start..=*end).contains(&i64::from(slot)) {
+            found = Some(master.clone());
+        }
+        if !masters.contains(&master) {
+            masters.push(master);
+        }
+    }
+    Some((found?, masters))
+}
+
+/// `rediss://`: the built-in roots and a private CA's certificates when configured, and the
+/// client certificate for mutual TLS.
+fn tls_certificates(config: &Config) -> redis::TlsCertificates {
+    let mut roots = crate::roots::pem_bundle().into_bytes();
+    if let Some(ca) = &config.redis_ca {
+        roots.push(b'\n');
+        roots.extend_from_slice(ca);
+    }
+    redis::TlsCertificates {
+        client_tls: config
+            .redis_client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: Some(roots),
     }
 }
 
@@ -366,24 +516,17 @@ const CONNECT: Op<'static> = Op {
 impl Store {
     /// A store for `config`; nothing is connected yet.
     pub(crate) fn new(config: &Config) -> Result<Store, StoreError> {
+        let tls = config.redis.tls.then(|| tls_certificates(config));
         let source = if let Some(sentinel) = &config.redis.sentinel {
             sentinel_client(sentinel).map(|c| Source::Sentinel(tokio::sync::Mutex::new(c)))
-        } else if config.redis.tls {
-            // The built-in roots, and a private CA's certificates when configured.
-            let mut roots = crate::roots::pem_bundle().into_bytes();
-            if let Some(ca) = &config.redis_ca {
-                roots.push(b'\n');
-                roots.extend_from_slice(ca);
-            }
-            let certs = redis::TlsCertificates {
-                client_tls: config.redis_client.as_ref().map(|(cert, key)| {
-                    redis::ClientTlsConfig {
-                        client_cert: cert.clone(),
-                        client_key: key.clone(),
-                    }
-                }),
-                root_cert: Some(roots),
-            };
+        } else if let Some(url) = &config.redis.cluster {
+            Ok(Source::Cluster(Cluster {
+                url: url.clone(),
+                tls,
+                slot: crate::config::key_slot(&config.stream),
+                known: Mutex::new(Vec::new()),
+            }))
+        } else if let Some(certs) = tls {
             redis::Client::build_with_tls(config.redis.secret(), certs).map(Source::Direct)
         } else {
             redis::Client::open(config.redis.secret()).map(Source::Direct)
@@ -527,8 +670,8 @@ impl Store {
                 Ok(v) => return Ok(v),
                 Err(StoreError::Fatal(m)) => return Err(m),
                 Err(StoreError::NoGroup) => match self.create_group_again().await {
-                    Ok(at) => {
-                        self.log_recreated(&at);
+                    Ok(created) => {
+                        self.log_recreated(created.as_deref());
                         continue;
                     }
                     Err(StoreError::Fatal(m)) => return Err(m),
@@ -550,12 +693,17 @@ impl Store {
 
     /// The group again, after an operation found it gone.
     pub(crate) async fn recreate_group(&self) -> Result<(), Refusal> {
-        let at = self.retry(|| self.create_group_again()).await?;
-        self.log_recreated(&at);
+        let created = self.retry(|| self.create_group_again()).await?;
+        self.log_recreated(created.as_deref());
         Ok(())
     }
 
-    fn log_recreated(&self, at: &str) {
+    /// `at`: where the group was created again; `None`: it was there after all (an answer
+    /// from a node that no longer held the stream, in a cluster's resharding).
+    fn log_recreated(&self, at: Option<&str>) {
+        let Some(at) = at else {
+            return;
+        };
         tracing::warn!(
             stream = %self.stream,
             group = %self.group,
@@ -601,10 +749,11 @@ impl Store {
         self.create_group_at(&self.start).await
     }
 
-    /// The group again where this consumer left off ([`Store::recreate_at`]); that id.
-    async fn create_group_again(&self) -> Result<String, StoreError> {
+    /// The group again where this consumer left off ([`Store::recreate_at`]); that id, or `None`
+    /// when the group exists.
+    async fn create_group_again(&self) -> Result<Option<String>, StoreError> {
         let at = self.recreate_at();
-        self.create_group_at(&at).await.map(|_| at)
+        Ok(self.create_group_at(&at).await?.then_some(at))
     }
 
     /// `XGROUP CREATE <stream> <group> <at> MKSTREAM`; an existing group is fine (`false`).
@@ -1203,6 +1352,41 @@ mod tests {
 
     fn b(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn cluster_slots_replies() {
+        let node = |host: &str, port: i64| Value::Array(vec![b(host), Value::Int(port), b("id")]);
+        let range = |start: i64, end: i64, master: Value, replica: Value| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), master, replica])
+        };
+        let reply = Value::Array(vec![
+            range(0, 5460, node("10.0.0.1", 7000), node("10.0.0.4", 7003)),
+            range(5461, 10922, node("", 7001), node("10.0.0.5", 7004)),
+            range(10923, 16383, node("?", 7002), node("10.0.0.6", 7005)),
+            // A second range of the first master (after a resharding).
+            range(16000, 16000, node("10.0.0.1", 7000), node("10.0.0.4", 7003)),
+        ]);
+        let (master, masters) = cluster_master(&reply, 5461, "seed").unwrap();
+        assert_eq!(master, ("seed".to_string(), 7001));
+        assert_eq!(
+            masters,
+            [
+                ("10.0.0.1".to_string(), 7000),
+                ("seed".to_string(), 7001),
+                ("seed".to_string(), 7002)
+            ]
+        );
+        assert_eq!(
+            cluster_master(&reply, 0, "seed").unwrap().0,
+            ("10.0.0.1".to_string(), 7000)
+        );
+        // No master for the slot (unassigned), or a reply of another shape.
+        let partial = Value::Array(vec![range(0, 100, node("h", 1), Value::Nil)]);
+        assert!(cluster_master(&partial, 101, "seed").is_none());
+        assert!(cluster_master(&Value::Nil, 0, "seed").is_none());
+        let bad_port = Value::Array(vec![range(0, 1, node("h", 70000), Value::Nil)]);
+        assert!(cluster_master(&bad_port, 0, "seed").is_none());
     }
 
     #[test]

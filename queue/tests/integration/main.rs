@@ -3,6 +3,7 @@
 //! checks every CloudEvent with the CloudEvents SDK. `cargo build --workspace` first: the
 //! wrapper binary is another crate's.
 
+mod cluster;
 mod concurrency;
 mod config;
 mod crash;
