@@ -120,7 +120,7 @@ pub fn from_env(env: &mut Env, scope: &'static str) -> Option<OtlpConfig> {
         Err(reason) => {
             env.reject(
                 name,
-                Some(&v),
+                Some(&crate::target::redact(&v)),
                 format!(
                     "{reason} (the exporter speaks plain OTLP/HTTP to an in-cluster collector)"
                 ),
@@ -632,6 +632,13 @@ mod tests {
         assert!(from_env(&mut env, "runr-queue").is_none());
         let names = env.finish().unwrap_err().names();
         assert_eq!(names, [ENV_OTLP_ENDPOINT, ENV_OTLP_PROTOCOL]);
+        // A collector URL with credentials is refused without showing them.
+        let get = vars(&[(ENV_OTLP_TRACES_ENDPOINT, "http://u:s3cr3t@c:4318/v1/traces")]);
+        let mut env = Env::new(&get);
+        assert!(from_env(&mut env, "runr-queue").is_none());
+        let text = env.finish().unwrap_err().to_string();
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(text.contains("http://***@c:4318/v1/traces"), "{text}");
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! A plain-HTTP endpoint parsed from a URL: where runr-tick sends its event and where spans are
-//! exported.
+//! A plain-HTTP endpoint parsed from a URL: where runr-tick sends its event, where runr-queue
+//! delivers and where spans are exported; and [`redact`], which takes the credentials out of
+//! any URL before it is printed.
+
+use crate::env::Env;
 
 /// A plain HTTP endpoint: a host and port to connect to, the `Host` header and the request path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +78,51 @@ impl Target {
     }
 }
 
+impl Target {
+    /// The variable `name` as a target, `None` when unset. A refused URL is named with its
+    /// credentials cut off ([`redact`]): it may hold a password that must not reach the logs.
+    pub fn optional(env: &mut Env<'_>, name: &'static str) -> Option<Target> {
+        let url = env.value(name)?;
+        match Target::parse_url(&url) {
+            Ok(t) => Some(t),
+            Err(reason) => {
+                env.reject(name, Some(&redact(&url)), reason);
+                None
+            }
+        }
+    }
+
+    /// [`Target::optional`], and "required" when unset.
+    pub fn required(env: &mut Env<'_>, name: &'static str) -> Option<Target> {
+        if env.value(name).is_none() {
+            env.reject(name, None, "required");
+            return None;
+        }
+        Target::optional(env, name)
+    }
+}
+
+/// The URL with everything between `://` and its last `@` replaced by `***@`: the credentials
+/// of any URL a parser accepts (redis-rs's, http's), and whatever an operator meant as
+/// credentials in one it does not (a raw `/`, `?` or `#` in a password). Host, port and what
+/// follows stay; an `@` in a path takes the part before it too (more hidden, never less).
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".to_string();
+    };
+    let scheme_ok = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    if !scheme_ok {
+        return "<not a URL>".to_string();
+    }
+    match rest.rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "http://{}{}", self.authority, self.path)
@@ -83,7 +131,8 @@ impl std::fmt::Display for Target {
 
 #[cfg(test)]
 mod tests {
-    use super::Target;
+    use super::{redact, Target};
+    use crate::env::Env;
 
     #[test]
     fn targets() {
@@ -110,5 +159,45 @@ mod tests {
                 "{bad:?} should be rejected"
             );
         }
+    }
+
+    #[test]
+    fn a_refused_url_is_named_without_its_password() {
+        let vars = [
+            ("A", "http://user:s3cr3t@fn:8080/x"),
+            ("B", "https://:hunter2@collector/v1"),
+            ("C", "http://fn:8080/ok"),
+        ];
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        let mut env = Env::new(&get);
+        assert!(Target::optional(&mut env, "A").is_none());
+        assert!(Target::required(&mut env, "B").is_none());
+        assert_eq!(Target::optional(&mut env, "C").unwrap().port, 8080);
+        assert!(Target::optional(&mut env, "UNSET").is_none());
+        assert!(Target::required(&mut env, "MISSING").is_none());
+        let text = env.finish().unwrap_err().to_string();
+        for secret in ["s3cr3t", "hunter2", "user:"] {
+            assert!(!text.contains(secret), "{secret} shown: {text}");
+        }
+        assert!(text.contains("A=\"http://***@fn:8080/x\""), "{text}");
+        assert!(text.contains("B=\"https://***@collector/v1\""), "{text}");
+        assert!(
+            text.contains("MISSING") && text.contains("required"),
+            "{text}"
+        );
+        assert!(!text.contains("UNSET"), "{text}");
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(redact("http://a:b@h:1/2"), "http://***@h:1/2");
+        assert_eq!(redact("http://h:1/p"), "http://h:1/p");
+        // A raw `/` in a password: the whole userinfo still goes.
+        assert_eq!(redact("http://u:se/cr@h/p"), "http://***@h/p");
+        assert_eq!(redact("u:pw@http://h"), "<not a URL>");
     }
 }

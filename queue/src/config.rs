@@ -376,7 +376,7 @@ impl std::fmt::Debug for RedisUrl {
 }
 
 /// The function's address: the workspace's one plain-HTTP endpoint type and parser.
-pub use runr_base::target::Target;
+pub use runr_base::target::{redact, Target};
 
 /// Everything runr-queue is configured with.
 #[derive(Debug, Clone)]
@@ -481,9 +481,8 @@ impl Config {
             },
         };
         let target = match role {
-            Role::Consumer => env.required(ENV_TARGET, Target::parse_url),
-            Role::Admin => env
-                .optional(ENV_TARGET, Target::parse_url)
+            Role::Consumer => Target::required(&mut env, ENV_TARGET),
+            Role::Admin => Target::optional(&mut env, ENV_TARGET)
                 .or_else(|| Target::parse_url("http://localhost/").ok()),
         };
         let concurrency = env.count(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, 1..=MAX_CONCURRENCY);
@@ -925,26 +924,6 @@ fn split_host_port(s: &str) -> Result<(&str, Option<&str>), String> {
         Some((h, p)) => (h, Some(p)),
         None => (s, None),
     })
-}
-
-/// The URL with everything between `://` and its last `@` replaced by `***@`: the
-/// credentials of any URL redis-rs accepts, and whatever an operator meant as credentials in one
-/// it does not (a raw `/`, `?` or `#` in a password). Host, port and database stay.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<not a URL>".to_string();
-    };
-    let scheme_ok = !scheme.is_empty()
-        && scheme
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
-    if !scheme_ok {
-        return "<not a URL>".to_string();
-    }
-    match rest.rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_string(),
-    }
 }
 
 /// Stream, group and consumer names go into header values (`ce-source`) and log lines: visible

@@ -46,9 +46,8 @@ impl TickConfig {
         let mut env = Env::new(get);
         // The port is checked even when the URL wins: a bad PORT is a mistake either way.
         let port = env.port(ENV_PORT, DEFAULT_PORT);
-        let target = env
-            .optional(ENV_TICK_URL, Target::parse_url)
-            .unwrap_or_else(|| Target::local(port));
+        let target =
+            Target::optional(&mut env, ENV_TICK_URL).unwrap_or_else(|| Target::local(port));
         let wait = env.duration(ENV_TICK_WAIT, DEFAULT_TICK_WAIT);
         env.finish()?;
         Ok(TickConfig { target, wait })

@@ -207,13 +207,19 @@ fn bad_configuration_exits_2_naming_each_variable() {
 }
 
 #[test]
-fn a_url_with_credentials_is_refused_naming_the_variable() {
+fn a_url_with_credentials_is_refused_naming_the_variable_not_the_password() {
     // The tick speaks plain HTTP: a user name and password would go out in the clear.
-    let run = run_tick(&[("RUNR_TICK_URL", "http://user:pw@localhost:9/".to_string())]);
+    let run = run_tick(&[(
+        "RUNR_TICK_URL",
+        "http://user:s3cr3t@localhost:9/".to_string(),
+    )]);
     assert_eq!(run.code, 2);
     let lines: Vec<&str> = run.stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{}", run.stderr);
     assert!(lines[0].contains("RUNR_TICK_URL"), "{}", lines[0]);
+    // The refused URL is named without its credentials.
+    assert!(!lines[0].contains("s3cr3t"), "{}", lines[0]);
+    assert!(lines[0].contains("http://***@localhost:9/"), "{}", lines[0]);
     assert!(
         lines[0].contains("credentials in the URL are not supported"),
         "{}",
