@@ -1,5 +1,6 @@
 //! runr-base: what the edge of every RunR data-plane binary needs, once.
 //!
+//! - [`cloudevent`]: the attributes of the schedule and queue CloudEvents;
 //! - [`env`]: reading configuration from environment variables, one grammar for durations,
 //!   sizes, flags, ports and levels; one [`env::ConfigError`]; the variables table that
 //!   `help`/`version` render;
@@ -20,6 +21,7 @@
 //! no binary bigger; what needs more sits behind a feature.
 #![forbid(unsafe_code)]
 
+pub mod cloudevent;
 pub mod env;
 pub mod fmt;
 pub mod log;

@@ -7,12 +7,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// CloudEvents specification version.
-pub const SPECVERSION: &str = "1.0";
-/// `ce-type` of every queue message.
-pub const EVENT_TYPE: &str = "dev.runr.queue.message";
-/// Content type of the body.
-pub const CONTENT_TYPE: &str = "application/json";
+/// The CloudEvents constants live in runr-base, shared with runr-tick and the wrapper, which
+/// reads `ce-type` to tell a queue invocation from a tick: producer and reader cannot drift.
+pub use runr_base::cloudevent::{CONTENT_TYPE, QUEUE_EVENT_TYPE as EVENT_TYPE, SPECVERSION};
 /// The header carrying the attempt number (1 for the first delivery).
 pub const ATTEMPT_HEADER: &str = "x-runr-delivery-attempt";
 

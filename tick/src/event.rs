@@ -5,17 +5,10 @@ use std::time::SystemTime;
 
 use runr_base::fmt::{rfc3339, uuid_v4};
 
-/// CloudEvents specification version of every event we send.
-pub const SPECVERSION: &str = "1.0";
-/// `ce-type` of a schedule tick.
-pub const EVENT_TYPE: &str = "dev.runr.schedule.tick";
-/// `ce-type` of the events runr-queue POSTs for stream entries (the wrapper tells a queue
-/// invocation by it when its pod names no trigger).
-pub const QUEUE_EVENT_TYPE: &str = "dev.runr.queue.message";
-/// `ce-source` of a schedule tick.
-pub const EVENT_SOURCE: &str = "/runr/schedule";
-/// Content type of the event data.
-pub const CONTENT_TYPE: &str = "application/json";
+pub use runr_base::cloudevent::{
+    CONTENT_TYPE, QUEUE_EVENT_TYPE, SCHEDULE_EVENT_SOURCE as EVENT_SOURCE,
+    SCHEDULE_EVENT_TYPE as EVENT_TYPE, SPECVERSION,
+};
 /// The event data: the same body every runtime receives for a tick.
 pub const BODY: &[u8] = br#"{"trigger":"schedule"}"#;
 

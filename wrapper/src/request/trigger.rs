@@ -79,7 +79,7 @@ fn of_cloud_event(headers: &HeaderMap) -> Option<Trigger> {
     if !headers.contains_key("ce-specversion") {
         return None;
     }
-    if event_type == runr_tick::event::QUEUE_EVENT_TYPE.as_bytes() {
+    if event_type == runr_base::cloudevent::QUEUE_EVENT_TYPE.as_bytes() {
         Some(Trigger::Queue)
     } else if event_type == runr_tick::event::EVENT_TYPE.as_bytes() {
         Some(Trigger::Schedule)
