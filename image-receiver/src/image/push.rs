@@ -21,7 +21,6 @@
 //!   first byte in a new upload session; the other blobs go on meanwhile.
 //! - What is pushed is counted in the [`Progress`] the status shows.
 
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,7 +39,7 @@ use runr_registry::{
 };
 
 use crate::image::formats::{media, RawManifest};
-use crate::image::span::{Span, SpanReader};
+use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::Prefix;
 use crate::progress::Progress;
 
@@ -327,7 +326,7 @@ impl Pusher {
     /// do not hash to `digest`.
     pub async fn push_span(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -340,7 +339,7 @@ impl Pusher {
     /// upload reopened, or `complete` began before the bytes came) fails this push.
     pub async fn push_following(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -354,7 +353,7 @@ impl Pusher {
     /// layer): no second hash on the way out.
     pub async fn push_own_file(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -365,7 +364,7 @@ impl Pusher {
 
     async fn push_stream(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -533,7 +532,7 @@ fn stream_error(message: &str) -> OciDistributionError {
 /// on a mismatch with `digest` an error item takes its place (and is recorded in `mismatch`), so
 /// the request body ends short and the registry never commits the upload.
 fn span_stream(
-    file: Arc<File>,
+    file: Source,
     span: Span,
     digest: String,
     what: String,
