@@ -73,6 +73,7 @@ pub fn detect(data: &[u8], upload_name: Option<&str>) {
     let opts = DetectOptions {
         upload_name,
         expansion_limit: |_| 1 << 20,
+        gzip_layers: true,
     };
     let _ = formats::detect(&path, &opts);
     let left = std::fs::read_dir(&work)

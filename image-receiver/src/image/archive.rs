@@ -108,6 +108,9 @@ struct Held {
     heads: HashMap<u64, Vec<u8>>,
     /// By offset: `(blob digest, digest of what it decompresses to)`.
     gzip: HashMap<u64, (String, String)>,
+    /// By offset, when classic layers are to be gzip'ed: `(diff_id, digest, size)` of what
+    /// gzip'ing the uncompressed `.tar` entries outside `blobs/` makes.
+    made: HashMap<u64, (String, String, u64)>,
 }
 
 /// A document larger than this is not held (formats refuse documents over 4 MiB anyway).
@@ -213,10 +216,13 @@ impl Archive {
     /// holding what the formats read (see [`Held`]), then reads the stream to its end (a
     /// damaged or truncated end, or a bomb after the tar, fails here, before anything is
     /// pushed). Errors of the decoder come back as `Err(Ok(_))`, in its own terms.
-    /// `first` is what was read of the stream already (the format's magic), its first bytes.
+    /// `first` is what was read of the stream already (the format's magic), its first bytes;
+    /// with `gzip_layers`, what uncompressed classic layers gzip to is worked out on the way
+    /// (see [`Held`]), so that they stream into the registry under a known digest.
     pub fn index_packed(
         packed: Arc<Packed>,
         first: Vec<u8>,
+        gzip_layers: bool,
     ) -> Result<Archive, Result<DecompressError, ArchiveError>> {
         let mut entries = HashMap::new();
         let mut held = Held::default();
@@ -255,6 +261,22 @@ impl Archive {
                         // A stream that is not gzip after all is told when it is pushed.
                         if let Ok(digests) = compress::gzip_digests_of(rest) {
                             held.gzip.insert(span.offset, digests);
+                        }
+                    } else if gzip_layers
+                        && name.ends_with(".tar")
+                        && !name.starts_with("blobs/")
+                        && compress::recognise(&head).is_none()
+                    {
+                        let rest = io::Cursor::new(head.clone()).chain(&mut entry);
+                        match compress::gzip_layer_digests(rest, span.len, &name) {
+                            Ok(made) => {
+                                held.made.insert(span.offset, made);
+                            }
+                            // The decoder's failure is reported as such below.
+                            Err(compress::LayerError::Io { source, .. }) => {
+                                return Err(ArchiveError::ReadEntry { name, source })
+                            }
+                            Err(e) => unreachable!("no digest is checked here: {e}"),
                         }
                     }
                     held.heads.insert(span.offset, head);
@@ -305,6 +327,12 @@ impl Archive {
             len: n as u64,
         })
         .read_block(n)
+    }
+
+    /// `(diff_id, digest, size)` of what gzip'ing the file at `span` makes, when the index
+    /// pass worked it out.
+    pub fn gzip_made(&self, span: Span) -> Option<(String, String, u64)> {
+        self.held.made.get(&span.offset).cloned()
     }
 
     /// `(blob digest, diff_id)` of the gzip'ed file at `span`, when the index pass computed

@@ -7,7 +7,10 @@
 //!   two at a time on two threads, each an independent gzip member (a multi-member stream, which
 //!   every gzip reader, Go's included, reads as one); blocks that do not compress are stored.
 //!   The file is then pushed like any blob, so its digest is known before the push (HEAD-skip,
-//!   monolithic PUT).
+//!   monolithic PUT). From a compressed archive nothing is written: the index pass runs the same
+//!   compressor over the layer only to learn the digest and size ([`gzip_layer_digests`]), and
+//!   the push runs it again into the request body ([`gzip_blocks`] makes the same bytes from the
+//!   same input).
 //! - A whole compressed archive is read through its decoder ([`Packed`]), never decompressed to
 //!   disk; a bomb stops at [`EXPANSION`] times the file's size (plus [`EXPANSION_SLACK`]),
 //!   which bounds the work, not the disk. The decoders stream with bounded memory: xz needs the stream's dictionary (8 MiB for xz's default preset, at most
@@ -88,11 +91,60 @@ pub fn compress_layer(
         .map_err(|e| io_err(format!("creating {}", tmp_path.display()), e))?;
     // Members are about a block each: written as they come, no buffer in between.
     let mut writer = &out;
-    // Not a hashing reader: the raw blocks are hashed below while they compress.
-    let mut reader = SpanReader::new(file.clone(), span);
-    let mut raw = Sha256Hasher::new();
     let mut packed = Sha256Hasher::new();
     let mut len = 0u64;
+    let reader = SpanReader::new(file.clone(), span);
+    let actual = gzip_blocks(reader, span.len, name, |member| {
+        packed.update(member);
+        len += member.len() as u64;
+        writer
+            .write_all(member)
+            .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))
+    })?;
+    if actual != diff_id {
+        return Err(LayerError::DiffId {
+            name: name.to_string(),
+            diff_id: diff_id.to_string(),
+            actual,
+        });
+    }
+    Ok((Arc::new(out), len, packed.finish()))
+}
+
+/// What [`gzip_blocks`] makes of a layer, without keeping it: `(diff_id, digest, size)` of the
+/// gzip'ed blob (the same bytes every time: a second run streams them into the registry under
+/// this digest).
+pub fn gzip_layer_digests(
+    reader: impl Read,
+    len: u64,
+    name: &str,
+) -> Result<(String, String, u64), LayerError> {
+    let mut packed = Sha256Hasher::new();
+    let mut size = 0u64;
+    let raw = gzip_blocks(reader, len, name, |member| {
+        packed.update(member);
+        size += member.len() as u64;
+        Ok(())
+    })?;
+    Ok((raw, packed.finish(), size))
+}
+
+/// gzip's the `len` bytes of `reader` (a layer called `name`) into members of [`GZIP_BLOCK`]
+/// input each, handing each to `out` in order; returns the SHA-256 of the input (its diff_id).
+/// The output depends only on the input: the same layer makes the same blob every time.
+pub fn gzip_blocks(
+    mut reader: impl Read,
+    len: u64,
+    name: &str,
+    mut out: impl FnMut(&[u8]) -> Result<(), LayerError>,
+) -> Result<String, LayerError> {
+    let io_err = |what: String, source: io::Error| LayerError::Io {
+        what,
+        name: name.to_string(),
+        source,
+    };
+    let mut remaining = len;
+    let mut raw = Sha256Hasher::new();
     // Two workers for the whole layer, block k on worker k % 2, each handed back its input and
     // output buffers with the member: four buffers per layer, allocated once, and two threads
     // rather than two per block (threads and fresh buffers each cost memory of their own).
@@ -117,14 +169,15 @@ pub fn compress_layer(
         loop {
             // Keep both workers busy while there is input (an empty layer still gets one
             // member: a gzip stream of nothing).
-            while in_flight.len() < 2 && (reader.remaining() > 0 || first) {
+            while in_flight.len() < 2 && (remaining > 0 || first) {
                 first = false;
                 let (to, _, spare) = &mut workers[next];
                 let (mut block, member) = spare.take().expect("an idle worker has its buffers");
-                block.resize(GZIP_BLOCK.min(reader.remaining() as usize), 0);
+                block.resize((GZIP_BLOCK as u64).min(remaining) as usize, 0);
                 reader
                     .read_exact(&mut block)
                     .map_err(|e| io_err("reading the archive".into(), e))?;
+                remaining -= block.len() as u64;
                 raw.update(&block);
                 to.send((block, member)).expect("gzip worker");
                 in_flight.push_back(next);
@@ -134,24 +187,12 @@ pub fn compress_layer(
                 break;
             };
             let (block, member) = workers[w].1.recv().expect("gzip worker");
-            packed.update(&member);
-            len += member.len() as u64;
-            writer
-                .write_all(&member)
-                .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
+            out(&member)?;
             workers[w].2 = Some((block, member));
         }
         Ok(())
     })?;
-    let actual = raw.finish();
-    if actual != diff_id {
-        return Err(LayerError::DiffId {
-            name: name.to_string(),
-            diff_id: diff_id.to_string(),
-            actual,
-        });
-    }
-    Ok((Arc::new(out), len, packed.finish()))
+    Ok(raw.finish())
 }
 
 /// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id),

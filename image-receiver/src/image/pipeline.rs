@@ -185,12 +185,14 @@ pub async fn process_with(
     let detected = {
         let path = file.to_path_buf();
         let upload_name = opts.upload_name.clone();
+        let gzip_layers = opts.compress == Compress::Gzip;
         tokio::task::spawn_blocking(move || {
             formats::detect(
                 &path,
                 &DetectOptions {
                     upload_name: upload_name.as_deref(),
                     expansion_limit: compress::expansion_limit,
+                    gzip_layers,
                 },
             )
         })
@@ -367,12 +369,15 @@ async fn push_docker(
                 .map(|i| {
                     let l = &image.layers[i];
                     let c = claims[i].take().expect("each layer once");
-                    let gzip = image.archive.gzip_digests(l.span);
+                    let known = Known {
+                        gzip: image.archive.gzip_digests(l.span),
+                        made: image.archive.gzip_made(l.span),
+                    };
                     let file = &file;
                     let cpu = &cpu;
                     async move {
                         let v =
-                            push_docker_layer(pusher, c, file, l, gzip, compress, work_dir, cpu)
+                            push_docker_layer(pusher, c, file, l, known, compress, work_dir, cpu)
                                 .await?;
                         Ok((i, v))
                     }
@@ -419,6 +424,14 @@ async fn push_docker(
     })
 }
 
+/// What the index pass of a compressed archive worked out for a classic layer.
+struct Known {
+    /// It is gzip'ed: `(blob digest, diff_id)`.
+    gzip: Option<(String, String)>,
+    /// It is not: `(diff_id, digest, size)` of what gzip'ing it makes.
+    made: Option<(String, String, u64)>,
+}
+
 /// One classic layer → its descriptor in the manifest we write.
 #[allow(clippy::too_many_arguments)]
 async fn push_docker_layer(
@@ -426,8 +439,7 @@ async fn push_docker_layer(
     claim: Option<Claim>,
     file: &Source,
     layer: &DockerLayer,
-    // Its digests from the index pass of a compressed archive, when it is gzip'ed.
-    gzip: Option<(String, String)>,
+    known: Known,
     compress: Compress,
     work_dir: &Path,
     cpu: &tokio::sync::Semaphore,
@@ -436,7 +448,7 @@ async fn push_docker_layer(
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
         // be checked against the diff_id, so read it once before pushing.
-        let (digest, diff_id) = if let Some(known) = gzip {
+        let (digest, diff_id) = if let Some(known) = known.gzip {
             known
         } else {
             let file = file.clone();
@@ -462,6 +474,22 @@ async fn push_docker_layer(
         }
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
+    } else if let (Compress::Gzip, Some((diff_id, digest, size))) = (compress, known.made) {
+        // From a compressed archive: gzip'ed again as it streams out of the decoder, into the
+        // digest the index pass worked out (the same bytes: no copy on disk).
+        if diff_id != layer.diff_id {
+            let mismatch = compress::LayerError::DiffId {
+                name: layer.name.clone(),
+                diff_id: layer.diff_id.clone(),
+                actual: diff_id,
+            };
+            return Err(PushError::Content(mismatch.to_string()));
+        }
+        pusher.progress().add_bytes(size);
+        pusher
+            .push_gzipping(file, layer.span, &digest, size, &layer.name)
+            .await?;
+        (media::OCI_LAYER_GZIP, digest, size)
     } else if compress == Compress::Gzip {
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         let (packed, size, digest) = {

@@ -15,7 +15,9 @@
 //!   Never whole in memory: 1 MiB reads feed the request body. The stream hashes what it sends
 //!   and fails before the upload is committed when the bytes do not match the digest, so a
 //!   damaged file is reported in its own terms and nothing wrong lands in the registry.
-//! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob.
+//! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob;
+//!   from a compressed archive, gzip'ed as they stream into the request body, under the digest
+//!   the index pass worked out ([`Pusher::push_gzipping`]).
 //! - Transient failures (connection, 5xx, 429) are retried [`RETRIES`] times with backoff; then
 //!   the registry's own message is reported. A blob whose upload failed starts again from its
 //!   first byte in a new upload session; the other blobs go on meanwhile.
@@ -38,6 +40,7 @@ use runr_registry::{
     Grant, RegistryConfig, Timeouts, TokenError,
 };
 
+use crate::image::compress;
 use crate::image::formats::{media, RawManifest};
 use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::Prefix;
@@ -419,6 +422,54 @@ impl Pusher {
         }
     }
 
+    /// Pushes the uncompressed layer at `span` of `file` gzip'ed on the way, as blob `digest`
+    /// of `size` bytes (what [`compress::gzip_blocks`] makes of it, worked out before), unless
+    /// the registry has it. A retry gzip's it again from its first byte; the registry checks
+    /// the digest at the commit.
+    pub async fn push_gzipping(
+        &self,
+        file: &Source,
+        span: Span,
+        digest: &str,
+        size: u64,
+        what: &str,
+    ) -> Result<bool, PushError> {
+        if self.blob_exists(digest).await? {
+            tracing::info!(what, digest, "blob already in the registry");
+            self.progress.sent(size);
+            self.progress.blob_done();
+            return Ok(false);
+        }
+        tracing::info!(what, digest, size, "pushing layer, gzip'ed as it streams");
+        let attempt = Arc::new(AtomicU64::new(0));
+        let result = self
+            .retry(&format!("pushing layer {what} {digest}"), || {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                let stream = gzip_stream(
+                    file.clone(),
+                    span,
+                    what.to_string(),
+                    Sent {
+                        progress: self.progress.clone(),
+                        attempt: attempt.clone(),
+                    },
+                );
+                self.blobs
+                    .push_blob_stream(&self.target, stream, digest, Some(size))
+            })
+            .await;
+        match result {
+            Ok(_) => {
+                self.progress.blob_done();
+                Ok(true)
+            }
+            Err(e) => {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                Err(e)
+            }
+        }
+    }
+
     /// Pushes a small blob held in memory (a config written here).
     pub async fn push_bytes(&self, data: Bytes, digest: &str, what: &str) -> Result<(), PushError> {
         let len = data.len() as u64;
@@ -587,5 +638,36 @@ fn span_stream(
                 Err(e) => Some((Err(stream_error(&format!("reading {what}: {e}"))), None)),
             }
         }
+    })
+}
+
+/// The gzip members of `span` of `file` as they are made (two blocks in flight, on a blocking
+/// thread): the request body of [`Pusher::push_gzipping`]. A failure to read ends the stream
+/// with an error item, so the registry never commits the upload.
+fn gzip_stream(
+    file: Source,
+    span: Span,
+    what: String,
+    sent: Sent,
+) -> impl Stream<Item = Item> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(2);
+    tokio::task::spawn_blocking(move || {
+        let reader = SpanReader::new(file, span);
+        let made = compress::gzip_blocks(reader, span.len, &what, |member| {
+            sent.add(member.len() as u64);
+            tx.blocking_send(Ok(Bytes::copy_from_slice(member)))
+                .map_err(|_| compress::LayerError::Io {
+                    what: "sending".into(),
+                    name: what.clone(),
+                    source: std::io::Error::other("the request ended"),
+                })
+        });
+        if let Err(e) = made {
+            let _ = tx.blocking_send(Err(stream_error(&e.to_string())));
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
     })
 }

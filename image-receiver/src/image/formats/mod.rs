@@ -46,6 +46,9 @@ pub struct DetectOptions<'a> {
     /// How many bytes the tar inside a `.tar.gz`, `.tar.xz` or `.tar.zst` of `len` bytes may
     /// decompress to ([`compress::expansion_limit`]; the fuzz targets use less).
     pub expansion_limit: fn(u64) -> u64,
+    /// Uncompressed classic layers will be gzip'ed (`RUNR_UPLOAD_COMPRESS=gzip`): a compressed
+    /// archive's index pass works out what they make.
+    pub gzip_layers: bool,
 }
 
 /// Works out what `path` holds and what to push.
@@ -86,7 +89,7 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
                 });
             }
             let ustar = first.len() == 512 && &first[257..262] == b"ustar";
-            match Archive::index_packed(packed, first) {
+            match Archive::index_packed(packed, first, opts.gzip_layers) {
                 Ok(a) => a,
                 Err(Ok(decoder)) => return Err(decoder.into()),
                 Err(Err(ArchiveError::Read(_))) if !ustar => return Err(FormatError::Unrecognized),
@@ -161,6 +164,7 @@ mod tests {
         let opts = DetectOptions {
             upload_name: None,
             expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         let err = detect(&path, &opts).unwrap_err();
         assert!(matches!(err, FormatError::Unrecognized), "{err}");
@@ -174,6 +178,7 @@ mod tests {
         let opts = DetectOptions {
             upload_name: None,
             expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         match detect(&path, &opts).unwrap() {
             Detected::Wasm(w) => assert!(!w.component),
@@ -196,6 +201,7 @@ mod tests {
         let opts = DetectOptions {
             upload_name: None,
             expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         assert!(matches!(
             detect(&path, &opts),
