@@ -299,16 +299,18 @@ fn run(tool: &str, args: &[&str]) {
     );
 }
 
-/// Samples, until dropped, the most bytes the process holds in `dir`: the files in it plus
-/// the files it has open there (an unlinked temporary file counts as long as it is open).
+/// Samples, until [`DiskPeak::peak`], the most bytes process `pid` (`self`: this one) holds in
+/// `dir`: the files in it plus the files it has open there (an unlinked temporary file counts
+/// as long as it is open; a file both open and named counts twice, which only overstates).
 struct DiskPeak {
     stop: Arc<std::sync::atomic::AtomicBool>,
     sampler: Option<std::thread::JoinHandle<u64>>,
 }
 
 impl DiskPeak {
-    fn watch(dir: &Path) -> DiskPeak {
+    fn watch(dir: &Path, pid: &str) -> DiskPeak {
         let dir = dir.canonicalize().unwrap();
+        let fds = format!("/proc/{pid}/fd");
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sampler = {
             let stop = stop.clone();
@@ -316,11 +318,16 @@ impl DiskPeak {
                 let mut peak = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let mut held = 0u64;
-                    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+                    let Ok(open) = std::fs::read_dir(&fds) else {
+                        break;
+                    };
+                    for fd in open.flatten() {
                         let Ok(target) = std::fs::read_link(fd.path()) else {
                             continue;
                         };
-                        if target.starts_with(&dir) {
+                        // Named files are counted below.
+                        let unlinked = target.to_string_lossy().ends_with(" (deleted)");
+                        if unlinked && target.starts_with(&dir) {
                             held += std::fs::metadata(fd.path()).map_or(0, |m| m.len());
                         }
                     }
@@ -347,6 +354,72 @@ impl DiskPeak {
     }
 }
 
+/// A classic archive of one 80 MiB layer whose tar is more than 8× its `gzip`: umoci's image of
+/// the file, skopeo's `docker-archive` with the layer uncompressed, then `gzip`; built once.
+/// `(tar, tar.gz)`.
+fn eight_times() -> &'static (PathBuf, PathBuf) {
+    static MADE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let dir = fixtures().join("eight-times");
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = &dir;
+        let d = |name: &str| dir.join(name).display().to_string();
+        // 80 MiB: in each 4 KiB, 480 pseudo-random bytes, then zeros (gzip: ~8.5×).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut data = vec![0u8; 80 << 20];
+        for block in data.chunks_mut(4096) {
+            for b in &mut block[..480] {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = (x >> 32) as u8;
+            }
+        }
+        std::fs::write(d("big.bin"), &data).unwrap();
+        drop(data);
+        let root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+        let layout = d("oci");
+        run("umoci", &["init", "--layout", &layout]);
+        run("umoci", &["new", "--image", &format!("{layout}:v1")]);
+        let mut insert = vec!["insert"];
+        if !root {
+            insert.push("--rootless");
+        }
+        let image = format!("{layout}:v1");
+        let big = d("big.bin");
+        insert.extend(["--image", &image, &big, "/big.bin"]);
+        run("umoci", &insert);
+        std::fs::remove_file(&big).unwrap();
+        let tar = dir.join("big.tar");
+        run(
+            "skopeo",
+            &[
+                "--insecure-policy",
+                "copy",
+                "-q",
+                "--dest-decompress",
+                &format!("oci:{layout}:v1"),
+                &format!("docker-archive:{}:corpus/big:v1", tar.display()),
+            ],
+        );
+        let gz = dir.join("big.tar.gz");
+        let out = Command::new("gzip").arg("-c").arg(&tar).output().unwrap();
+        assert!(out.status.success());
+        std::fs::write(&gz, &out.stdout).unwrap();
+        let (tar_len, gz_len) = (
+            std::fs::metadata(&tar).unwrap().len(),
+            out.stdout.len() as u64,
+        );
+        assert!(tar_len >= 8 * gz_len, "{tar_len} is not 8 × {gz_len}");
+        std::fs::remove_dir_all(&layout).unwrap();
+        (tar, gz)
+    })
+}
+
+fn len(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
 /// A classic archive of one layer whose tar is more than 8× its `gzip` (skopeo's
 /// `docker-archive` with uncompressed layers of an umoci image, then `gzip`): pushed through
 /// the decoder without a decompressed copy — nothing at all is written to `RUNR_UPLOAD_DIR`,
@@ -355,63 +428,16 @@ impl DiskPeak {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gzip_archive_of_eight_times_its_size_needs_no_decompressed_copy() {
     let reg = Registry::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = |name: &str| dir.path().join(name).display().to_string();
-    // 80 MiB: in each 4 KiB, 480 pseudo-random bytes, then zeros (gzip: ~8.5×).
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut data = vec![0u8; 80 << 20];
-    for block in data.chunks_mut(4096) {
-        for b in &mut block[..480] {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = (x >> 32) as u8;
-        }
-    }
-    std::fs::write(d("big.bin"), &data).unwrap();
-    drop(data);
-    let root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
-    let layout = d("oci");
-    run("umoci", &["init", "--layout", &layout]);
-    run("umoci", &["new", "--image", &format!("{layout}:v1")]);
-    let mut insert = vec!["insert"];
-    if !root {
-        insert.push("--rootless");
-    }
-    let image = format!("{layout}:v1");
-    let big = d("big.bin");
-    insert.extend(["--image", &image, &big, "/big.bin"]);
-    run("umoci", &insert);
-    let tar = dir.path().join("big.tar");
-    run(
-        "skopeo",
-        &[
-            "--insecure-policy",
-            "copy",
-            "-q",
-            "--dest-decompress",
-            &format!("oci:{layout}:v1"),
-            &format!("docker-archive:{}:corpus/big:v1", tar.display()),
-        ],
-    );
-    let gz = dir.path().join("big.tar.gz");
-    let out = Command::new("gzip").arg("-c").arg(&tar).output().unwrap();
-    assert!(out.status.success());
-    std::fs::write(&gz, &out.stdout).unwrap();
-    let (tar_len, gz_len) = (
-        std::fs::metadata(&tar).unwrap().len(),
-        out.stdout.len() as u64,
-    );
-    assert!(tar_len >= 8 * gz_len, "{tar_len} is not 8 × {gz_len}");
-
+    let (tar, gz) = eight_times();
+    let (tar_len, gz_len) = (len(tar), len(gz));
     for (compress, tag) in [(Compress::None, "none"), (Compress::Gzip, "gzip")] {
         let c = case(&reg, "runr-uploads/platform/big-tar", tag);
-        let plain = process(&tar, &options(&c, &tar, None, compress))
+        let plain = process(tar, &options(&c, tar, None, compress))
             .await
             .unwrap();
         let c = case(&reg, "runr-uploads/platform/big-gz", tag);
-        let peak = DiskPeak::watch(c.work.path());
-        let info = process(&gz, &options(&c, &gz, None, compress))
+        let peak = DiskPeak::watch(c.work.path(), "self");
+        let info = process(gz, &options(&c, gz, None, compress))
             .await
             .unwrap_or_else(|e| panic!("{tag}: {e}"));
         let peak = peak.peak();
@@ -424,6 +450,55 @@ async fn a_gzip_archive_of_eight_times_its_size_needs_no_decompressed_copy() {
         assert_tag_is(&reg, &c, &info);
         assert_eq!(verify_pulled(&reg, &c, false), 1, "{tag}");
     }
+}
+
+/// The 8× `.tar.gz` through the real receiver, in 8 MiB chunks in order, with the default
+/// `RUNR_UPLOAD_COMPRESS=gzip`: what it holds in `RUNR_UPLOAD_DIR` never passes the upload's
+/// size plus 1 MiB (its state), and its peak RSS stays within 64 MiB.
+#[test]
+fn a_gzip_archive_of_eight_times_its_size_through_the_chunk_api_needs_its_size_on_disk() {
+    let reg = Registry::start();
+    let (_, gz) = eight_times();
+    let data = std::fs::read(gz).unwrap();
+    let c = case(&reg, "runr-uploads/platform/e2e-eight", "v1");
+    let dir = c.work.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let r = crate::harness::Receiver::for_data(
+        &dir,
+        &data,
+        &[
+            ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "big.tar.gz"),
+        ],
+    );
+    let disk = DiskPeak::watch(&dir, &r.pid().to_string());
+    let chunk = 8 << 20;
+    for (i, part) in data.chunks(chunk).enumerate() {
+        assert_eq!(r.put((i * chunk) as u64, part).0, 200);
+    }
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    let disk = disk.peak();
+    let rss = r.peak_rss_kib();
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+    // In order: one decoder to index, one to push.
+    let log = r.log();
+    assert!(
+        log.contains("compressed archive read through its decoder decoders=2"),
+        "{log}"
+    );
+    let size = data.len() as u64;
+    eprintln!(
+        "upload of {size} bytes: at most {disk} bytes in RUNR_UPLOAD_DIR, peak RSS {rss} KiB"
+    );
+    assert!(
+        disk <= size + (1 << 20),
+        "{disk} bytes for an upload of {size}"
+    );
+    assert!(rss <= 64 * 1024, "peak RSS {rss} KiB");
 }
 
 /// `docker save … | xz` and `| zstd` (Debian's xz-utils and zstd, tests/fixtures/make.sh): the

@@ -104,7 +104,8 @@ struct Held {
     /// By offset: every file of at most [`MAX_HELD_DOCUMENT`] bytes that starts like JSON,
     /// [`MAX_HELD`] bytes in all.
     documents: HashMap<u64, Arc<Vec<u8>>>,
-    /// By offset: each file's first [`HEAD`] bytes (fewer when it is shorter).
+    /// By offset: the first [`HEAD`] bytes (fewer when it is shorter) of each file outside
+    /// `blobs/`.
     heads: HashMap<u64, Vec<u8>>,
     /// By offset: `(blob digest, digest of what it decompresses to)`.
     gzip: HashMap<u64, (String, String)>,
@@ -279,7 +280,11 @@ impl Archive {
                             Err(e) => unreachable!("no digest is checked here: {e}"),
                         }
                     }
-                    held.heads.insert(span.offset, head);
+                    // What the formats look at: a classic layer's magic (an OCI blob's type is
+                    // in its descriptor). Not every entry's: there may be a million.
+                    if !name.starts_with("blobs/") {
+                        held.heads.insert(span.offset, head);
+                    }
                 }
                 if !name.is_empty() {
                     entries.insert(name, node);
