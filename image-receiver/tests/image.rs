@@ -420,36 +420,55 @@ fn len(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
-/// A classic archive of one layer whose tar is more than 8× its `gzip` (skopeo's
-/// `docker-archive` with uncompressed layers of an umoci image, then `gzip`): pushed through
-/// the decoder without a decompressed copy — nothing at all is written to `RUNR_UPLOAD_DIR`,
-/// with `gzip` either (the layer is gzip'ed as it streams) — and pulled back as the same image
-/// (the same manifest digest) the tar itself makes.
+/// A classic archive of one layer whose tar is more than 8× its `gzip` ([`eight_times`]),
+/// compressed whole with gzip, xz and zstd: pushed through the decoder without a decompressed
+/// copy — nothing at all is written to `RUNR_UPLOAD_DIR`, with `gzip` either (the layer is
+/// gzip'ed as it streams) — and pulled back as the same image (the same manifest digest) the tar
+/// itself makes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gzip_archive_of_eight_times_its_size_needs_no_decompressed_copy() {
+async fn a_compressed_archive_of_eight_times_its_size_needs_no_decompressed_copy() {
     let reg = Registry::start();
     let (tar, gz) = eight_times();
     let (tar_len, gz_len) = (len(tar), len(gz));
-    for (compress, tag) in [(Compress::None, "none"), (Compress::Gzip, "gzip")] {
-        let c = case(&reg, "runr-uploads/platform/big-tar", tag);
+    // The same tar through the other two decoders (xz -1: a 1 MiB dictionary, quick to make).
+    let mut packed = vec![("gz", gz.clone())];
+    for (tool, args, ext) in [
+        ("xz", &["-1", "-T2", "-c"][..], "xz"),
+        ("zstd", &["-q", "-c"], "zst"),
+    ] {
+        let out = Command::new(tool).args(args).arg(tar).output().unwrap();
+        assert!(out.status.success(), "{tool}");
+        let path = tar.with_extension(format!("tar.{ext}"));
+        std::fs::write(&path, &out.stdout).unwrap();
+        packed.push((ext, path));
+    }
+    for (compress, mode) in [(Compress::None, "none"), (Compress::Gzip, "gzip")] {
+        let c = case(&reg, "runr-uploads/platform/big-tar", mode);
         let plain = process(tar, &options(&c, tar, None, compress))
             .await
             .unwrap();
-        let c = case(&reg, "runr-uploads/platform/big-gz", tag);
-        let peak = DiskPeak::watch(c.work.path(), "self");
-        let info = process(gz, &options(&c, gz, None, compress))
-            .await
-            .unwrap_or_else(|e| panic!("{tag}: {e}"));
-        let peak = peak.peak();
-        eprintln!("{tag}: the work dir held at most {peak} bytes (file {gz_len}, tar {tar_len})");
-        assert_eq!(
-            info.digest, plain.digest,
-            "{tag}: the tar and its gzip make one image"
-        );
-        assert_eq!(peak, 0, "{tag}: nothing is written to the work dir");
-        assert_tag_is(&reg, &c, &info);
-        assert_eq!(verify_pulled(&reg, &c, false), 1, "{tag}");
+        for (ext, file) in &packed {
+            let tag = format!("{ext}-{mode}");
+            let c = case(&reg, "runr-uploads/platform/big-packed", &tag);
+            let peak = DiskPeak::watch(c.work.path(), "self");
+            let info = process(file, &options(&c, file, None, compress))
+                .await
+                .unwrap_or_else(|e| panic!("{tag}: {e}"));
+            let peak = peak.peak();
+            eprintln!(
+                "{tag}: the work dir held at most {peak} bytes (file {}, tar {tar_len})",
+                len(file)
+            );
+            assert_eq!(
+                info.digest, plain.digest,
+                "{tag}: the tar and its {ext} make one image"
+            );
+            assert_eq!(peak, 0, "{tag}: nothing is written to the work dir");
+            assert_tag_is(&reg, &c, &info);
+            assert_eq!(verify_pulled(&reg, &c, false), 1, "{tag}");
+        }
     }
+    assert!(tar_len >= 8 * gz_len);
 }
 
 /// The 8× `.tar.gz` through the real receiver, in 8 MiB chunks in order, with the default
@@ -1047,24 +1066,33 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
     let gone = m["layers"][0]["digest"].as_str().unwrap().to_string();
     std::fs::remove_file(missing_dir.join(format!("blobs/sha256/{}", &gone[7..]))).unwrap();
 
-    // A gzip bomb: 600 members of 1 MiB of zeros each, ~600 KiB on disk.
+    // A gzip bomb: 1000 members of 1 MiB of zeros each, ~1 MiB on disk.
     let member = {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         e.write_all(&vec![0u8; 1 << 20]).unwrap();
         e.finish().unwrap()
     };
-    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 600)
+    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 1000)
         .flatten()
         .copied()
         .collect();
-
-    // A tar bomb: an image archive whose one entry is 80 MiB of zeros, gzip'ed to ~80 KiB; the
-    // walk through the decoder stops inside the entry, before the end of the tar.
+    // A tar bomb: an image archive whose second entry says 1 GiB and is zeros, as gzip members
+    // after the headers' own; the walk through the decoder stops inside that entry.
     let tar_bomb = {
-        let tar = tar_with(&[(b"manifest.json", b"[]"), (b"zeros", &vec![0u8; 80 << 20])]);
+        let mut head = tar_with(&[(b"manifest.json", b"[]")]);
+        head.truncate(head.len() - 1024);
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..5].copy_from_slice(b"zeros");
+        h.set_size(1 << 30);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        head.extend_from_slice(h.as_bytes());
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        e.write_all(&tar).unwrap();
-        e.finish().unwrap()
+        e.write_all(&head).unwrap();
+        let mut gz = e.finish().unwrap();
+        gz.extend(bomb.iter());
+        gz
     };
 
     let nested = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
@@ -1130,7 +1158,7 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
         } else {
             Compress::None
         };
-        // The gzip bomb (600 MiB of zeros) stops at 64 × its size + 64 MiB, well before.
+        // The bombs (1000 MiB of zeros) stop at 64 × their size + 512 MiB, well before.
         let opts = options(&c, &path, None, compress);
         let err = process(&path, &opts)
             .await
@@ -1367,7 +1395,7 @@ fn compressed_archives_uploaded_through_the_chunk_api() {
         });
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
-        // Only the upload and its state are left: the decompressed copy was unlinked.
+        // Only the upload and its state: nothing decompressed is written.
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
