@@ -211,7 +211,7 @@ pub async fn process_with(
     let pusher = Pusher::new(&opts.target, &opts.registry, backoff, opts.progress.clone())
         .await
         .map_err(|e| ProcessError::new(e.to_string()))?;
-    let packed = match &detected {
+    let source = match &detected {
         Detected::Oci(i) => Some(i.archive.file().clone()),
         Detected::Docker(i) => Some(i.archive.file().clone()),
         Detected::Wasm(_) => None,
@@ -223,7 +223,7 @@ pub async fn process_with(
         }
         Detected::Wasm(module) => push_wasm(&pusher, module).await,
     };
-    if let Some(Source::Packed(p)) = &packed {
+    if let Some(Source::Packed(p)) = &source {
         // Two for an archive indexed, then pushed in order; more when something was read again.
         tracing::info!(
             decoders = p.decoders_opened(),
