@@ -1,5 +1,5 @@
 //! runr-image-upload's format detection on any upload: wasm version bytes, gzip/xz/zstd whole
-//! archives (decompressed, with a 1 MiB headroom), other compressions named, the tar index, OCI
+//! archives (read through the decoder, at most 1 MiB of it), other compressions named, the tar index, OCI
 //! layouts and classic archives with their JSON documents, narrowing by name; an answer or an
 //! error, never a panic, and no temporary file left behind. The first byte picks whether the
 //! upload has a name.

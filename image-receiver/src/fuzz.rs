@@ -63,18 +63,17 @@ pub fn tar_index(data: &[u8]) {
     }
 }
 
-/// Format detection on `data` as an upload, with a decompression headroom of 1 MiB (a bomb
-/// stops there instead of at 512 MiB): an answer or an error, never a panic; temporary files
-/// are unlinked whatever happens.
+/// Format detection on `data` as an upload, a whole compressed one read through its decoder
+/// up to 1 MiB decompressed (a bomb stops there instead of at 64 times its size): an answer or
+/// an error, never a panic; nothing is left in the work directory whatever happens.
 pub fn detect(data: &[u8], upload_name: Option<&str>) {
     let (path, _) = as_file(data);
     let work = scratch().join("work");
     std::fs::create_dir_all(&work).expect("the work directory");
     let opts = DetectOptions {
-        work_dir: &work,
-        declared_size: data.len() as u64,
         upload_name,
-        headroom: 1 << 20,
+        expansion_limit: |_| 1 << 20,
+        gzip_layers: true,
     };
     let _ = formats::detect(&path, &opts);
     let left = std::fs::read_dir(&work)

@@ -93,7 +93,6 @@ fn process_options(config: &Config, upload: &Upload) -> Arc<ProcessOptions> {
         filename: config.filename.clone(),
         compress: config.compress,
         registry: config.registry.clone(),
-        declared_size: config.size,
         progress: upload.progress(),
         streamed: Arc::new(Streamed::new(upload.prefix())),
     })

@@ -80,7 +80,6 @@ pub(crate) fn options(
             plain_http: true,
             ..RegistryConfig::default()
         },
-        declared_size: std::fs::metadata(file).map(|m| m.len()).unwrap_or(0),
         progress: Default::default(),
         streamed: Default::default(),
     }
@@ -285,6 +284,240 @@ async fn docker_archives_classic_gzip_none_links_and_whole_gzip() {
         info.digest,
         format!("sha256:{}", hex(&Sha256::digest(first.as_bytes())))
     );
+}
+
+/// Runs `tool args`, failing the test with its stderr.
+fn run(tool: &str, args: &[&str]) {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Samples, until [`DiskPeak::peak`], the most bytes process `pid` (`self`: this one) holds in
+/// `dir`: the files in it plus the files it has open there (an unlinked temporary file counts
+/// as long as it is open; a file both open and named counts twice, which only overstates).
+struct DiskPeak {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl DiskPeak {
+    fn watch(dir: &Path, pid: &str) -> DiskPeak {
+        let dir = dir.canonicalize().unwrap();
+        let fds = format!("/proc/{pid}/fd");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let mut held = 0u64;
+                    let Ok(open) = std::fs::read_dir(&fds) else {
+                        break;
+                    };
+                    for fd in open.flatten() {
+                        let Ok(target) = std::fs::read_link(fd.path()) else {
+                            continue;
+                        };
+                        // Named files are counted below.
+                        let unlinked = target.to_string_lossy().ends_with(" (deleted)");
+                        if unlinked && target.starts_with(&dir) {
+                            held += std::fs::metadata(fd.path()).map_or(0, |m| m.len());
+                        }
+                    }
+                    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+                        held += f.metadata().map_or(0, |m| m.len());
+                    }
+                    peak = peak.max(held);
+                    // A sampling period, not a wait: a temporary file of the sizes at stake
+                    // takes far longer than this to be written.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                peak
+            })
+        };
+        DiskPeak {
+            stop,
+            sampler: Some(sampler),
+        }
+    }
+
+    fn peak(mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.sampler.take().unwrap().join().unwrap()
+    }
+}
+
+/// A classic archive of one 80 MiB layer whose tar is more than 8× its `gzip`: umoci's image of
+/// the file, skopeo's `docker-archive` with the layer uncompressed, then `gzip`; built once.
+/// `(tar, tar.gz)`.
+fn eight_times() -> &'static (PathBuf, PathBuf) {
+    static MADE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let dir = fixtures().join("eight-times");
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = &dir;
+        let d = |name: &str| dir.join(name).display().to_string();
+        // 80 MiB: in each 4 KiB, 480 pseudo-random bytes, then zeros (gzip: ~8.5×).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut data = vec![0u8; 80 << 20];
+        for block in data.chunks_mut(4096) {
+            for b in &mut block[..480] {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = (x >> 32) as u8;
+            }
+        }
+        std::fs::write(d("big.bin"), &data).unwrap();
+        drop(data);
+        let root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+        let layout = d("oci");
+        run("umoci", &["init", "--layout", &layout]);
+        run("umoci", &["new", "--image", &format!("{layout}:v1")]);
+        let mut insert = vec!["insert"];
+        if !root {
+            insert.push("--rootless");
+        }
+        let image = format!("{layout}:v1");
+        let big = d("big.bin");
+        insert.extend(["--image", &image, &big, "/big.bin"]);
+        run("umoci", &insert);
+        std::fs::remove_file(&big).unwrap();
+        let tar = dir.join("big.tar");
+        run(
+            "skopeo",
+            &[
+                "--insecure-policy",
+                "copy",
+                "-q",
+                "--dest-decompress",
+                &format!("oci:{layout}:v1"),
+                &format!("docker-archive:{}:corpus/big:v1", tar.display()),
+            ],
+        );
+        let gz = dir.join("big.tar.gz");
+        let out = Command::new("gzip").arg("-c").arg(&tar).output().unwrap();
+        assert!(out.status.success());
+        std::fs::write(&gz, &out.stdout).unwrap();
+        let (tar_len, gz_len) = (
+            std::fs::metadata(&tar).unwrap().len(),
+            out.stdout.len() as u64,
+        );
+        assert!(tar_len >= 8 * gz_len, "{tar_len} is not 8 × {gz_len}");
+        std::fs::remove_dir_all(&layout).unwrap();
+        (tar, gz)
+    })
+}
+
+fn len(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
+/// A classic archive of one layer whose tar is more than 8× its `gzip` ([`eight_times`]),
+/// compressed whole with gzip, xz and zstd: pushed through the decoder without a decompressed
+/// copy — nothing at all is written to `RUNR_UPLOAD_DIR`, with `gzip` either (the layer is
+/// gzip'ed as it streams) — and pulled back as the same image (the same manifest digest) the tar
+/// itself makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_archive_of_eight_times_its_size_needs_no_decompressed_copy() {
+    let reg = Registry::start();
+    let (tar, gz) = eight_times();
+    let (tar_len, gz_len) = (len(tar), len(gz));
+    // The same tar through the other two decoders (xz -1: a 1 MiB dictionary, quick to make).
+    let mut packed = vec![("gz", gz.clone())];
+    for (tool, args, ext) in [
+        ("xz", &["-1", "-T2", "-c"][..], "xz"),
+        ("zstd", &["-q", "-c"], "zst"),
+    ] {
+        let out = Command::new(tool).args(args).arg(tar).output().unwrap();
+        assert!(out.status.success(), "{tool}");
+        let path = tar.with_extension(format!("tar.{ext}"));
+        std::fs::write(&path, &out.stdout).unwrap();
+        packed.push((ext, path));
+    }
+    for (compress, mode) in [(Compress::None, "none"), (Compress::Gzip, "gzip")] {
+        let c = case(&reg, "runr-uploads/platform/big-tar", mode);
+        let plain = process(tar, &options(&c, tar, None, compress))
+            .await
+            .unwrap();
+        for (ext, file) in &packed {
+            let tag = format!("{ext}-{mode}");
+            let c = case(&reg, "runr-uploads/platform/big-packed", &tag);
+            let peak = DiskPeak::watch(c.work.path(), "self");
+            let info = process(file, &options(&c, file, None, compress))
+                .await
+                .unwrap_or_else(|e| panic!("{tag}: {e}"));
+            let peak = peak.peak();
+            eprintln!(
+                "{tag}: the work dir held at most {peak} bytes (file {}, tar {tar_len})",
+                len(file)
+            );
+            assert_eq!(
+                info.digest, plain.digest,
+                "{tag}: the tar and its {ext} make one image"
+            );
+            assert_eq!(peak, 0, "{tag}: nothing is written to the work dir");
+            assert_tag_is(&reg, &c, &info);
+            assert_eq!(verify_pulled(&reg, &c, false), 1, "{tag}");
+        }
+    }
+    assert!(tar_len >= 8 * gz_len);
+}
+
+/// The 8× `.tar.gz` through the real receiver, in 8 MiB chunks in order, with the default
+/// `RUNR_UPLOAD_COMPRESS=gzip`: what it holds in `RUNR_UPLOAD_DIR` never passes the upload's
+/// size plus 1 MiB (its state), and its peak RSS stays within 64 MiB.
+#[test]
+fn a_gzip_archive_of_eight_times_its_size_through_the_chunk_api_needs_its_size_on_disk() {
+    let reg = Registry::start();
+    let (_, gz) = eight_times();
+    let data = std::fs::read(gz).unwrap();
+    let c = case(&reg, "runr-uploads/platform/e2e-eight", "v1");
+    let dir = c.work.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let r = crate::harness::Receiver::for_data(
+        &dir,
+        &data,
+        &[
+            ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "big.tar.gz"),
+        ],
+    );
+    let disk = DiskPeak::watch(&dir, &r.pid().to_string());
+    let chunk = 8 << 20;
+    for (i, part) in data.chunks(chunk).enumerate() {
+        assert_eq!(r.put((i * chunk) as u64, part).0, 200);
+    }
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    let disk = disk.peak();
+    let rss = r.peak_rss_kib();
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+    // In order: one decoder to index, one to push.
+    let log = r.log();
+    assert!(
+        log.contains("compressed archive read through its decoder decoders=2"),
+        "{log}"
+    );
+    let size = data.len() as u64;
+    eprintln!(
+        "upload of {size} bytes: at most {disk} bytes in RUNR_UPLOAD_DIR, peak RSS {rss} KiB"
+    );
+    assert!(
+        disk <= size + (1 << 20),
+        "{disk} bytes for an upload of {size}"
+    );
+    assert!(rss <= 64 * 1024, "peak RSS {rss} KiB");
 }
 
 /// `docker save … | xz` and `| zstd` (Debian's xz-utils and zstd, tests/fixtures/make.sh): the
@@ -833,16 +1066,34 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
     let gone = m["layers"][0]["digest"].as_str().unwrap().to_string();
     std::fs::remove_file(missing_dir.join(format!("blobs/sha256/{}", &gone[7..]))).unwrap();
 
-    // A gzip bomb: 600 members of 1 MiB of zeros each, ~600 KiB on disk.
+    // A gzip bomb: 1000 members of 1 MiB of zeros each, ~1 MiB on disk.
     let member = {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         e.write_all(&vec![0u8; 1 << 20]).unwrap();
         e.finish().unwrap()
     };
-    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 600)
+    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 1000)
         .flatten()
         .copied()
         .collect();
+    // A tar bomb: an image archive whose second entry says 1 GiB and is zeros, as gzip members
+    // after the headers' own; the walk through the decoder stops inside that entry.
+    let tar_bomb = {
+        let mut head = tar_with(&[(b"manifest.json", b"[]")]);
+        head.truncate(head.len() - 1024);
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..5].copy_from_slice(b"zeros");
+        h.set_size(1 << 30);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        head.extend_from_slice(h.as_bytes());
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&head).unwrap();
+        let mut gz = e.finish().unwrap();
+        gz.extend(bomb.iter());
+        gz
+    };
 
     let nested = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let random: Vec<u8> = (0..64 * 1024u32)
@@ -882,6 +1133,11 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
         ),
         ("gzip-bomb", bomb, "expands to more than".into()),
         (
+            "tar-bomb",
+            tar_bomb,
+            "the gzip-compressed file could not be decompressed: it expands to more than".into(),
+        ),
+        (
             "json-bomb",
             tar_with(&[(b"manifest.json", &vec![b' '; 5 << 20])]),
             "manifest.json\" is 5242880 bytes, more than the 4194304".into(),
@@ -902,9 +1158,8 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
         } else {
             Compress::None
         };
-        let mut opts = options(&c, &path, None, compress);
-        // The gzip bomb stops at the declared size + 512 MiB, whatever it claims.
-        opts.declared_size = data.len() as u64;
+        // The bombs (1000 MiB of zeros) stop at 64 × their size + 512 MiB, well before.
+        let opts = options(&c, &path, None, compress);
         let err = process(&path, &opts)
             .await
             .expect_err(&format!("{name} must fail"));
@@ -1140,7 +1395,7 @@ fn compressed_archives_uploaded_through_the_chunk_api() {
         });
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
-        // Only the upload and its state are left: the decompressed copy was unlinked.
+        // Only the upload and its state: nothing decompressed is written.
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -7,6 +7,8 @@
 //!   push, and the fields the control plane reads unchanged;
 //! - a registry killed and restarted (same port, same storage) in the middle of a blob: that
 //!   blob's upload starts again from its first byte, the others are not sent again;
+//!   So too from a whole `.tar.gz`, read through its decoder: the blob is read again through a
+//!   new one;
 //! - a receiver killed with SIGKILL in the middle of a blob: the restarted one resumes the push,
 //!   and what the registry has already costs a HEAD;
 //! - a registry restarted while the follower streams a blob before `complete`: that blob again
@@ -335,6 +337,49 @@ fn a_registry_restarted_mid_blob_gets_that_blob_again_from_its_start() {
     assert_eq!(retried.len(), 1, "{retried:?}");
     assert!(retried[0].contains(&big), "{retried:?}");
     // The big blob was sent twice, from its start, in a new upload session; the others once.
+    for blob in image.blobs() {
+        let want = if blob.digest == big { 2 } else { 1 };
+        assert_eq!(proxy.count("PUT", &blob.digest), want, "{}", blob.digest);
+    }
+    assert_eq!(s["push"]["bytes_pushed"], total_bytes(&image), "{s}");
+    pulled_whole(&reg, &image);
+}
+
+/// The same with the archive gzip'ed whole (pushed after `complete`, through the decoder): the
+/// held blob is sent again from its first byte (a new decoder skips up to it), the others once.
+#[test]
+fn a_registry_restarted_mid_blob_of_a_gzip_archive_gets_that_blob_again_from_its_start() {
+    if !tools() || !have_tool("gzip") {
+        return;
+    }
+    let mut reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    oci_archive(&image, work.path());
+    let gz = std::process::Command::new("gzip")
+        .arg("-c")
+        .arg(work.path().join("held.tar"))
+        .output()
+        .unwrap();
+    assert!(gz.status.success());
+    let r = started(work.path(), &gz.stdout, &proxy);
+    proxy.wait_held();
+    reg.stop();
+    reg.restart();
+    proxy.release();
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let big = big_digest(&image);
+    let log = r.log();
+    let retried: Vec<&str> = log.lines().filter(|l| l.contains("retrying")).collect();
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert!(retried[0].contains(&big), "{retried:?}");
+    // One to index, one to push, one for the blob sent again.
+    assert!(
+        log.contains("compressed archive read through its decoder decoders=3"),
+        "{log}"
+    );
     for blob in image.blobs() {
         let want = if blob.digest == big { 2 } else { 1 };
         assert_eq!(proxy.count("PUT", &blob.digest), want, "{}", blob.digest);

@@ -6,16 +6,21 @@
 //! links (`docker save` stores repeated layers as links) are resolved inside the archive only.
 //! Names that could point outside the archive (`..`, absolute paths, links leaving it) make the
 //! whole archive refused: no well-formed image archive has them.
+//!
+//! A whole compressed archive is indexed the same way in one pass through its decoder
+//! ([`Archive::index_packed`]), holding only what the formats read (the small JSON documents,
+//! each file's first bytes): its spans are offsets into the decompressed stream, read later
+//! through the decoder again, in order.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Seek};
-
+use std::io::{self, Read as _, Seek};
 use std::sync::Arc;
 
 use tar::EntryType;
 
-use crate::image::span::{Span, SpanReader};
+use crate::image::compress::{self, DecompressError, Packed, PackedReader};
+use crate::image::span::{Source, Span, SpanReader};
 
 /// An archive with more entries than this is refused (the index lives in memory).
 const MAX_ENTRIES: usize = 1_000_000;
@@ -90,11 +95,87 @@ enum Node {
     Other,
 }
 
+/// What the index pass through a compressed archive kept, so that nothing needs a second look
+/// behind the decoder: the JSON documents, each file's first bytes, and the digests of the
+/// gzip'ed files outside `blobs/` (a classic archive's compressed layers, whose diff_id is
+/// checked before they are pushed).
+#[derive(Debug, Clone, Default)]
+struct Held {
+    /// By offset: every file of at most [`MAX_HELD_DOCUMENT`] bytes that starts like JSON,
+    /// [`MAX_HELD`] bytes in all.
+    documents: HashMap<u64, Arc<Vec<u8>>>,
+    /// By offset: the first [`HEAD`] bytes (fewer when it is shorter) of each file outside
+    /// `blobs/`.
+    heads: HashMap<u64, Vec<u8>>,
+    /// By offset: `(blob digest, digest of what it decompresses to)`.
+    gzip: HashMap<u64, (String, String)>,
+    /// By offset, when classic layers are to be gzip'ed: `(diff_id, digest, size)` of what
+    /// gzip'ing the uncompressed `.tar` entries outside `blobs/` makes.
+    made: HashMap<u64, (String, String, u64)>,
+}
+
+/// A document larger than this is not held (formats refuse documents over 4 MiB anyway).
+const MAX_HELD_DOCUMENT: u64 = 4 << 20;
+/// The documents held from one compressed archive, at most: beyond, a document is read again
+/// through a new decoder (slow, still correct).
+const MAX_HELD: u64 = 16 << 20;
+/// First bytes kept of each file (what the formats look at: compression magic).
+const HEAD: usize = 16;
+
 /// The index of one tar archive, with the file kept open for positioned reads.
 #[derive(Debug, Clone)]
 pub struct Archive {
-    file: Arc<File>,
+    file: Source,
     entries: HashMap<String, Node>,
+    held: Arc<Held>,
+}
+
+/// One header of the walk: the entry's name and what it is.
+fn node_of<R: io::Read>(
+    entry: &tar::Entry<'_, R>,
+    have: Option<u64>,
+) -> Result<(String, Node), ArchiveError> {
+    let raw = entry.path_bytes();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let name = normalize_name(&raw)?;
+    let kind = entry.header().entry_type();
+    let node = match kind {
+        EntryType::Regular | EntryType::Continuous => {
+            let span = Span {
+                offset: entry.raw_file_position(),
+                len: entry.size(),
+            };
+            let need = span.offset.saturating_add(span.len);
+            if let Some(have) = have.filter(|&have| need > have) {
+                return Err(ArchiveError::Truncated {
+                    name: raw,
+                    need,
+                    have,
+                });
+            }
+            Node::File(span)
+        }
+        EntryType::Symlink | EntryType::Link => {
+            let target = entry
+                .link_name_bytes()
+                .map(|t| String::from_utf8_lossy(&t).into_owned())
+                .unwrap_or_default();
+            if kind == EntryType::Symlink {
+                Node::Symlink(resolve_symlink_target(&raw, &name, &target)?)
+            } else {
+                Node::Hardlink(normalize_link(&raw, &target)?)
+            }
+        }
+        EntryType::GNUSparse => {
+            // Sparse data is not contiguous in the file: no image tool writes it.
+            return Err(ArchiveError::BadLink {
+                name: raw,
+                why: "sparse files are not supported",
+            });
+        }
+        _ => Node::Other,
+    };
+    Ok((name, node))
 }
 
 impl Archive {
@@ -108,7 +189,6 @@ impl Archive {
     /// Indexes the archive in `file` (which stays open for later reads).
     pub fn index(file: Arc<File>) -> Result<Archive, ArchiveError> {
         let have = file.metadata().map_err(ArchiveError::Read)?.len();
-        // The file may come straight from being written (a decompressed .tar.gz).
         (&*file)
             .seek(io::SeekFrom::Start(0))
             .map_err(ArchiveError::Read)?;
@@ -120,52 +200,150 @@ impl Archive {
                 if entries.len() >= MAX_ENTRIES {
                     return Err(ArchiveError::TooManyEntries);
                 }
-                let raw = entry.path_bytes();
-                let raw = String::from_utf8_lossy(&raw).into_owned();
-                let name = normalize_name(&raw)?;
-                let kind = entry.header().entry_type();
-                let node = match kind {
-                    EntryType::Regular | EntryType::Continuous => {
-                        let span = Span {
-                            offset: entry.raw_file_position(),
-                            len: entry.size(),
-                        };
-                        let need = span.offset.saturating_add(span.len);
-                        if need > have {
-                            return Err(ArchiveError::Truncated {
-                                name: raw,
-                                need,
-                                have,
-                            });
-                        }
-                        Node::File(span)
-                    }
-                    EntryType::Symlink | EntryType::Link => {
-                        let target = entry
-                            .link_name_bytes()
-                            .map(|t| String::from_utf8_lossy(&t).into_owned())
-                            .unwrap_or_default();
-                        if kind == EntryType::Symlink {
-                            Node::Symlink(resolve_symlink_target(&raw, &name, &target)?)
-                        } else {
-                            Node::Hardlink(normalize_link(&raw, &target)?)
-                        }
-                    }
-                    EntryType::GNUSparse => {
-                        // Sparse data is not contiguous in the file: no image tool writes it.
-                        return Err(ArchiveError::BadLink {
-                            name: raw,
-                            why: "sparse files are not supported",
-                        });
-                    }
-                    _ => Node::Other,
-                };
+                let (name, node) = node_of(&entry, Some(have))?;
                 if !name.is_empty() {
                     entries.insert(name, node);
                 }
             }
         }
-        Ok(Archive { file, entries })
+        Ok(Archive {
+            file: Source::File(file),
+            entries,
+            held: Arc::default(),
+        })
+    }
+
+    /// Indexes the tar inside a whole compressed archive in one pass through its decoder,
+    /// holding what the formats read (see [`Held`]), then reads the stream to its end (a
+    /// damaged or truncated end, or a bomb after the tar, fails here, before anything is
+    /// pushed). Errors of the decoder come back as `Err(Ok(_))`, in its own terms.
+    /// `first` is what was read of the stream already (the format's magic), its first bytes;
+    /// with `gzip_layers`, what uncompressed classic layers gzip to is worked out on the way
+    /// (see [`Held`]), so that they stream into the registry under a known digest.
+    pub fn index_packed(
+        packed: Arc<Packed>,
+        first: Vec<u8>,
+        gzip_layers: bool,
+    ) -> Result<Archive, Result<DecompressError, ArchiveError>> {
+        let mut entries = HashMap::new();
+        let mut held = Held::default();
+        let mut held_bytes = 0u64;
+        let first_len = first.len() as u64;
+        let mut reader = io::Cursor::new(first).chain(PackedReader::at(packed.clone(), first_len));
+        let walked = (|| -> Result<(), ArchiveError> {
+            let mut tar = tar::Archive::new(&mut reader);
+            for entry in tar.entries().map_err(ArchiveError::Read)? {
+                let mut entry = entry.map_err(ArchiveError::Read)?;
+                if entries.len() >= MAX_ENTRIES {
+                    return Err(ArchiveError::TooManyEntries);
+                }
+                let (name, node) = node_of(&entry, None)?;
+                if let Node::File(span) = node {
+                    let read_err = |source| ArchiveError::ReadEntry {
+                        name: name.clone(),
+                        source,
+                    };
+                    let mut head = Vec::with_capacity(HEAD);
+                    (&mut entry)
+                        .take(HEAD as u64)
+                        .read_to_end(&mut head)
+                        .map_err(read_err)?;
+                    let json = matches!(
+                        head.iter().find(|b| !b.is_ascii_whitespace()),
+                        Some(b'{' | b'[')
+                    );
+                    if json && span.len <= MAX_HELD_DOCUMENT && held_bytes + span.len <= MAX_HELD {
+                        let mut doc = head.clone();
+                        entry.read_to_end(&mut doc).map_err(read_err)?;
+                        held_bytes += span.len;
+                        held.documents.insert(span.offset, Arc::new(doc));
+                    } else if head.starts_with(&[0x1f, 0x8b]) && !name.starts_with("blobs/") {
+                        let rest = io::Cursor::new(head.clone()).chain(&mut entry);
+                        // A stream that is not gzip after all is told when it is pushed.
+                        if let Ok(digests) = compress::gzip_digests_of(rest) {
+                            held.gzip.insert(span.offset, digests);
+                        }
+                    } else if gzip_layers
+                        && name.ends_with(".tar")
+                        && !name.starts_with("blobs/")
+                        && compress::recognise(&head).is_none()
+                    {
+                        let rest = io::Cursor::new(head.clone()).chain(&mut entry);
+                        match compress::gzip_layer_digests(rest, span.len, &name) {
+                            Ok(made) => {
+                                held.made.insert(span.offset, made);
+                            }
+                            // The decoder's failure is reported as such below.
+                            Err(compress::LayerError::Io { source, .. }) => {
+                                return Err(ArchiveError::ReadEntry { name, source })
+                            }
+                            Err(e) => unreachable!("no digest is checked here: {e}"),
+                        }
+                    }
+                    // What the formats look at: a classic layer's magic (an OCI blob's type is
+                    // in its descriptor). Not every entry's: there may be a million.
+                    if !name.starts_with("blobs/") {
+                        held.heads.insert(span.offset, head);
+                    }
+                }
+                if !name.is_empty() {
+                    entries.insert(name, node);
+                }
+            }
+            Ok(())
+        })();
+        let drained = walked.and_then(|()| {
+            io::copy(&mut reader, &mut io::sink())
+                .map(drop)
+                .map_err(ArchiveError::Read)
+        });
+        match drained {
+            Ok(()) => {}
+            Err(e) => {
+                return Err(match packed.failure() {
+                    Some(d) => Ok(d),
+                    None => Err(e),
+                })
+            }
+        }
+        tracing::debug!(
+            entries = entries.len(),
+            decompressed = reader.get_ref().1.position(),
+            held_documents = held.documents.len(),
+            "compressed archive indexed"
+        );
+        Ok(Archive {
+            file: Source::Packed(packed),
+            entries,
+            held: Arc::new(held),
+        })
+    }
+
+    /// The first `n` (at most 16) bytes of the file at `span`, fewer when it is shorter.
+    pub fn head(&self, span: Span, n: usize) -> io::Result<Vec<u8>> {
+        let n = n.min(span.len as usize);
+        if let Some(head) = self.held.heads.get(&span.offset) {
+            if head.len() >= n {
+                return Ok(head[..n].to_vec());
+            }
+        }
+        self.reader(Span {
+            offset: span.offset,
+            len: n as u64,
+        })
+        .read_block(n)
+    }
+
+    /// `(diff_id, digest, size)` of what gzip'ing the file at `span` makes, when the index
+    /// pass worked it out.
+    pub fn gzip_made(&self, span: Span) -> Option<(String, String, u64)> {
+        self.held.made.get(&span.offset).cloned()
+    }
+
+    /// `(blob digest, diff_id)` of the gzip'ed file at `span`, when the index pass computed
+    /// them.
+    pub fn gzip_digests(&self, span: Span) -> Option<(String, String)> {
+        self.held.gzip.get(&span.offset).cloned()
     }
 
     /// True when the archive holds an entry called `name` (of any type).
@@ -211,6 +389,9 @@ impl Archive {
                 limit,
             });
         }
+        if let Some(doc) = self.held.documents.get(&span.offset) {
+            return Ok(doc.to_vec());
+        }
         self.reader(span)
             .read_block(span.len as usize)
             .map_err(|source| ArchiveError::ReadEntry {
@@ -225,8 +406,8 @@ impl Archive {
         self.entries.keys().map(String::as_str)
     }
 
-    /// The open archive file, for positioned reads of spans.
-    pub fn file(&self) -> &Arc<File> {
+    /// Where the archive's bytes are, for positioned reads of spans.
+    pub fn file(&self) -> &Source {
         &self.file
     }
 

@@ -1,16 +1,19 @@
 //! Compression, both ways: the uncompressed layers of a classic archive are gzip'ed before they
 //! are pushed (`RUNR_UPLOAD_COMPRESS=gzip`), a gzip'ed layer is checked against its diff_id, and
-//! a whole archive that arrived compressed (gzip, xz or zstd) is unwrapped before it is indexed;
+//! a whole archive that arrived compressed (gzip, xz or zstd) is read through its decoder;
 //! other compressions are recognised by their magic ([`recognise`]) to say what the file is.
 //!
 //! - Layers are compressed into an unlinked temporary file in `RUNR_UPLOAD_DIR`: 1 MiB blocks,
 //!   two at a time on two threads, each an independent gzip member (a multi-member stream, which
 //!   every gzip reader, Go's included, reads as one); blocks that do not compress are stored.
 //!   The file is then pushed like any blob, so its digest is known before the push (HEAD-skip,
-//!   monolithic PUT).
-//! - A whole compressed archive is decompressed into another unlinked temporary file, bounded: a
-//!   bomb stops at the declared size plus [`DECOMPRESS_HEADROOM`]. The decoders stream with
-//!   bounded memory: xz needs the stream's dictionary (8 MiB for xz's default preset, at most
+//!   monolithic PUT). From a compressed archive nothing is written: the index pass runs the same
+//!   compressor over the layer only to learn the digest and size ([`gzip_layer_digests`]), and
+//!   the push runs it again into the request body ([`gzip_blocks`] makes the same bytes from the
+//!   same input).
+//! - A whole compressed archive is read through its decoder ([`Packed`]), never decompressed to
+//!   disk; a bomb stops at [`EXPANSION`] times the file's size (plus [`EXPANSION_SLACK`]),
+//!   which bounds the work, not the disk. The decoders stream with bounded memory: xz needs the stream's dictionary (8 MiB for xz's default preset, at most
 //!   64 MiB, xz -9's), zstd its window (at most 8 MiB up to level 19, refused above 128 MiB).
 //!
 //! Everything here is blocking file I/O and CPU: callers run it on a blocking thread.
@@ -23,15 +26,13 @@ use std::sync::Arc;
 
 use runr_registry::Sha256Hasher;
 
-use crate::image::span::{Span, SpanReader};
+use crate::image::span::{Source, Span, SpanReader};
 
 /// Bytes gzip'ed as one member; two are compressed at once. Small enough to keep memory low,
 /// large enough that a member's framing and lost context do not matter.
 const GZIP_BLOCK: usize = 1 << 20;
-/// Bytes read from the archive and written out per step of a decompression.
+/// Bytes of the compressed file read per step of a decompression (and skipped at once).
 const IO_BLOCK: usize = 1 << 20;
-/// Room a whole compressed archive may take beyond the declared size once decompressed.
-pub const DECOMPRESS_HEADROOM: u64 = 512 << 20;
 
 /// How the layers of a classic `docker save` archive are pushed when they arrive uncompressed
 /// (`RUNR_UPLOAD_COMPRESS`). Content that already has a manifest is never recompressed.
@@ -74,7 +75,7 @@ pub enum LayerError {
 /// `work_dir`, checking its uncompressed digest against `diff_id` on the way. Returns the
 /// compressed file, its length and its digest.
 pub fn compress_layer(
-    file: &Arc<File>,
+    file: &Source,
     span: Span,
     diff_id: &str,
     name: &str,
@@ -90,11 +91,60 @@ pub fn compress_layer(
         .map_err(|e| io_err(format!("creating {}", tmp_path.display()), e))?;
     // Members are about a block each: written as they come, no buffer in between.
     let mut writer = &out;
-    // Not a hashing reader: the raw blocks are hashed below while they compress.
-    let mut reader = SpanReader::new(file.clone(), span);
-    let mut raw = Sha256Hasher::new();
     let mut packed = Sha256Hasher::new();
     let mut len = 0u64;
+    let reader = SpanReader::new(file.clone(), span);
+    let actual = gzip_blocks(reader, span.len, name, |member| {
+        packed.update(member);
+        len += member.len() as u64;
+        writer
+            .write_all(member)
+            .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))
+    })?;
+    if actual != diff_id {
+        return Err(LayerError::DiffId {
+            name: name.to_string(),
+            diff_id: diff_id.to_string(),
+            actual,
+        });
+    }
+    Ok((Arc::new(out), len, packed.finish()))
+}
+
+/// What [`gzip_blocks`] makes of a layer, without keeping it: `(diff_id, digest, size)` of the
+/// gzip'ed blob (the same bytes every time: a second run streams them into the registry under
+/// this digest).
+pub fn gzip_layer_digests(
+    reader: impl Read,
+    len: u64,
+    name: &str,
+) -> Result<(String, String, u64), LayerError> {
+    let mut packed = Sha256Hasher::new();
+    let mut size = 0u64;
+    let raw = gzip_blocks(reader, len, name, |member| {
+        packed.update(member);
+        size += member.len() as u64;
+        Ok(())
+    })?;
+    Ok((raw, packed.finish(), size))
+}
+
+/// gzip's the `len` bytes of `reader` (a layer called `name`) into members of [`GZIP_BLOCK`]
+/// input each, handing each to `out` in order; returns the SHA-256 of the input (its diff_id).
+/// The output depends only on the input: the same layer makes the same blob every time.
+pub fn gzip_blocks(
+    mut reader: impl Read,
+    len: u64,
+    name: &str,
+    mut out: impl FnMut(&[u8]) -> Result<(), LayerError>,
+) -> Result<String, LayerError> {
+    let io_err = |what: String, source: io::Error| LayerError::Io {
+        what,
+        name: name.to_string(),
+        source,
+    };
+    let mut remaining = len;
+    let mut raw = Sha256Hasher::new();
     // Two workers for the whole layer, block k on worker k % 2, each handed back its input and
     // output buffers with the member: four buffers per layer, allocated once, and two threads
     // rather than two per block (threads and fresh buffers each cost memory of their own).
@@ -119,14 +169,15 @@ pub fn compress_layer(
         loop {
             // Keep both workers busy while there is input (an empty layer still gets one
             // member: a gzip stream of nothing).
-            while in_flight.len() < 2 && (reader.remaining() > 0 || first) {
+            while in_flight.len() < 2 && (remaining > 0 || first) {
                 first = false;
                 let (to, _, spare) = &mut workers[next];
                 let (mut block, member) = spare.take().expect("an idle worker has its buffers");
-                block.resize(GZIP_BLOCK.min(reader.remaining() as usize), 0);
+                block.resize((GZIP_BLOCK as u64).min(remaining) as usize, 0);
                 reader
                     .read_exact(&mut block)
                     .map_err(|e| io_err("reading the archive".into(), e))?;
+                remaining -= block.len() as u64;
                 raw.update(&block);
                 to.send((block, member)).expect("gzip worker");
                 in_flight.push_back(next);
@@ -136,30 +187,26 @@ pub fn compress_layer(
                 break;
             };
             let (block, member) = workers[w].1.recv().expect("gzip worker");
-            packed.update(&member);
-            len += member.len() as u64;
-            writer
-                .write_all(&member)
-                .map_err(|e| io_err(format!("writing into {}", work_dir.display()), e))?;
+            out(&member)?;
             workers[w].2 = Some((block, member));
         }
         Ok(())
     })?;
-    let actual = raw.finish();
-    if actual != diff_id {
-        return Err(LayerError::DiffId {
-            name: name.to_string(),
-            diff_id: diff_id.to_string(),
-            actual,
-        });
-    }
-    Ok((Arc::new(out), len, packed.finish()))
+    Ok(raw.finish())
 }
 
 /// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id),
 /// in one pass.
-pub fn gzip_digests(file: &Arc<File>, span: Span) -> io::Result<(String, String)> {
-    let src = SpanReader::hashing(file.clone(), span);
+pub fn gzip_digests(file: &Source, span: Span) -> io::Result<(String, String)> {
+    gzip_digests_of(SpanReader::new(file.clone(), span))
+}
+
+/// [`gzip_digests`] of whatever `src` reads, to its end.
+pub fn gzip_digests_of(src: impl Read) -> io::Result<(String, String)> {
+    let src = Hashing {
+        inner: src,
+        hasher: Sha256Hasher::new(),
+    };
     let mut gz = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, src));
     let mut raw = Sha256Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -172,8 +219,22 @@ pub fn gzip_digests(file: &Arc<File>, span: Span) -> io::Result<(String, String)
     }
     let mut src = gz.into_inner().into_inner();
     // Trailing bytes after the last member still belong to the blob.
-    src.consume()?;
-    Ok((src.digest().expect("a hashing reader"), raw.finish()))
+    io::copy(&mut src, &mut io::sink())?;
+    Ok((src.hasher.finish(), raw.finish()))
+}
+
+/// Hashes what it reads.
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256Hasher,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// How a whole archive arrived compressed, recognised by its magic bytes.
@@ -254,72 +315,202 @@ pub enum DecompressError {
         /// What went wrong.
         reason: String,
     },
-    /// Our own temporary file could not be created or written.
-    #[error("failed to {what}: {source}")]
-    Io {
-        /// The operation.
-        what: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
 }
 
-/// Decompresses the whole archive in `file` (`len` bytes, compressed with `kind`) into an
-/// unlinked temporary file in `work_dir`, at most `limit` bytes (a bomb stops there). Returns
-/// the file and its length.
-pub fn decompress_archive(
-    file: &Arc<File>,
+/// How far a whole compressed archive may expand: [`EXPANSION`] times the file, plus this. Only
+/// a bound on work (nothing decompressed is written anywhere). The old bound, on disk, was the
+/// file plus this: every archive accepted then is accepted now.
+pub const EXPANSION_SLACK: u64 = 512 << 20;
+/// How many times its size a whole compressed archive may expand ([`EXPANSION_SLACK`] added).
+/// Real images: gzip 2–5×, xz and zstd -19 up to ~10×; a bomb (gzip reaches 1032×) stops here
+/// after reading at most this much through the decoder.
+pub const EXPANSION: u64 = 64;
+
+/// The bound of [`EXPANSION`] for a compressed file of `len` bytes.
+pub fn expansion_limit(len: u64) -> u64 {
+    len.saturating_mul(EXPANSION)
+        .saturating_add(EXPANSION_SLACK)
+}
+
+/// The tar inside a whole compressed archive, read through its decoder: there is no
+/// decompressed copy. One decoder at a time moves forward through the stream (reading in
+/// order costs one decode); a read behind it starts a new decoder from the file's first byte
+/// and skips up to the offset (a retried blob, a document read again).
+pub struct Packed {
+    file: Arc<File>,
     len: u64,
     kind: Compression,
-    work_dir: &Path,
+    /// Decompressed bytes the stream may reach; a read beyond fails as a bomb.
     limit: u64,
-) -> Result<(Arc<File>, u64), DecompressError> {
-    let format = kind.name();
-    let corrupt = |reason: String| DecompressError::Corrupt { format, reason };
-    let mut out =
-        create_unlinked(&scratch_path(work_dir, "decompressed", "tar")).map_err(|source| {
-            DecompressError::Io {
-                what: format!("create a temporary file in {}", work_dir.display()),
-                source,
-            }
-        })?;
-    let source =
-        io::BufReader::with_capacity(IO_BLOCK, SpanReader::new(file.clone(), Span::whole(len)));
-    let mut decoder: Box<dyn Read> = match kind {
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(source)),
-        Compression::Xz => Box::new(XzStreams::new(source)),
-        Compression::Zstd => Box::new(ZstdFrames::new(source)),
-        Compression::Other(name) => {
-            return Err(corrupt(format!("{name} is not unpacked here")));
-        }
-    };
-    let mut buf = vec![0u8; IO_BLOCK];
-    let mut total = 0u64;
-    loop {
-        let k = match decoder.read(&mut buf) {
-            Ok(0) => break,
-            Ok(k) => k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(corrupt("it ends early (truncated?)".into()))
-            }
-            Err(e) => return Err(corrupt(e.to_string())),
-        };
-        total += k as u64;
-        if total > limit {
-            return Err(corrupt(format!(
-                "it expands to more than {limit} bytes (the declared size plus 512 MiB); \
-                 upload the .tar itself"
-            )));
-        }
-        out.write_all(&buf[..k])
-            .map_err(|source| DecompressError::Io {
-                what: format!("write the decompressed archive into {}", work_dir.display()),
-                source,
-            })?;
+    cursor: std::sync::Mutex<Option<Cursor>>,
+    /// The first failure of the decoder, in the user's terms (the tar reader around it may
+    /// report it in its own).
+    failure: std::sync::Mutex<Option<String>>,
+    /// Decoders started (the first included): 2 for an archive indexed then pushed in order.
+    opened: AtomicU64,
+}
+
+struct Cursor {
+    decoder: Box<dyn Read + Send>,
+    /// Decompressed bytes read so far.
+    pos: u64,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("kind", &self.kind)
+            .field("len", &self.len)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
     }
-    Ok((Arc::new(out), total))
+}
+
+impl Packed {
+    /// The archive in `file` (`len` bytes, compressed with `kind`), expanding to at most
+    /// `limit` bytes.
+    pub fn new(
+        file: Arc<File>,
+        len: u64,
+        kind: Compression,
+        limit: u64,
+    ) -> Result<Packed, DecompressError> {
+        if let Compression::Other(name) = kind {
+            return Err(DecompressError::Corrupt {
+                format: name,
+                reason: format!("{name} is not unpacked here"),
+            });
+        }
+        Ok(Packed {
+            file,
+            len,
+            kind,
+            limit,
+            cursor: std::sync::Mutex::new(None),
+            failure: std::sync::Mutex::new(None),
+            opened: AtomicU64::new(0),
+        })
+    }
+
+    /// The decoder's first failure, said as the user should read it.
+    pub fn failure(&self) -> Option<DecompressError> {
+        let reason = self
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        Some(DecompressError::Corrupt {
+            format: self.kind.name(),
+            reason,
+        })
+    }
+
+    /// Decoders started so far.
+    pub fn decoders_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    fn open(&self) -> Box<dyn Read + Send> {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        let source = io::BufReader::with_capacity(
+            IO_BLOCK,
+            SpanReader::new(self.file.clone(), Span::whole(self.len)),
+        );
+        match self.kind {
+            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(source)),
+            Compression::Xz => Box::new(XzStreams::new(source)),
+            Compression::Zstd => Box::new(ZstdFrames::new(source)),
+            Compression::Other(_) => unreachable!("refused by Packed::new"),
+        }
+    }
+
+    /// Up to `buf.len()` decompressed bytes from `pos`; 0 at the end of the stream.
+    pub fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+        let mut slot = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_none_or(|c| c.pos > pos) {
+            if slot.is_some() {
+                tracing::debug!(pos, "reading behind the decoder: starting a new one");
+            }
+            *slot = Some(Cursor {
+                decoder: self.open(),
+                pos: 0,
+            });
+        }
+        let cursor = slot.as_mut().expect("set above");
+        let step = |cursor: &mut Cursor, buf: &mut [u8]| -> io::Result<usize> {
+            let n = loop {
+                match cursor.decoder.read(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            };
+            let n = n.map_err(|e| self.fail(e))?;
+            cursor.pos += n as u64;
+            if cursor.pos > self.limit {
+                let limit = self.limit;
+                return Err(self.fail(io::Error::other(format!(
+                    "it expands to more than {limit} bytes ({EXPANSION} times its size plus \
+                     {} MiB; a decompression bomb?)",
+                    EXPANSION_SLACK >> 20
+                ))));
+            }
+            Ok(n)
+        };
+        let mut skip = vec![0u8; if cursor.pos < pos { IO_BLOCK } else { 0 }];
+        while cursor.pos < pos {
+            let want = (pos - cursor.pos).min(IO_BLOCK as u64) as usize;
+            if step(cursor, &mut skip[..want])? == 0 {
+                return Ok(0);
+            }
+        }
+        let r = step(cursor, buf);
+        if r.is_err() {
+            // A decoder that failed cannot go on; the next read starts over (and fails again).
+            *slot = None;
+        }
+        r
+    }
+
+    /// Records the decoder's first failure in the user's terms, and hands it on.
+    fn fail(&self, e: io::Error) -> io::Error {
+        let reason = if e.kind() == io::ErrorKind::UnexpectedEof {
+            "it ends early (truncated?)".to_string()
+        } else {
+            e.to_string()
+        };
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        failure.get_or_insert(reason.clone());
+        io::Error::other(format!(
+            "the {}-compressed file could not be decompressed: {reason}",
+            self.kind.name()
+        ))
+    }
+}
+
+/// Reads a [`Packed`] stream from its start, in order (the index pass).
+pub struct PackedReader {
+    packed: Arc<Packed>,
+    pos: u64,
+}
+
+impl PackedReader {
+    /// From decompressed byte `pos` on.
+    pub fn at(packed: Arc<Packed>, pos: u64) -> PackedReader {
+        PackedReader { packed, pos }
+    }
+
+    /// Decompressed bytes read so far.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+}
+
+impl Read for PackedReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.packed.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
 }
 
 // === xz ===
@@ -735,6 +926,54 @@ mod tests {
             .read_to_end(&mut Vec::new())
             .unwrap_err();
         assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    fn packed(data: &[u8], tool: &str, kind: Compression, limit: u64) -> Packed {
+        let packed = run(tool, &["-c"], data);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&packed).unwrap();
+        Packed::new(Arc::new(file), packed.len() as u64, kind, limit).unwrap()
+    }
+
+    #[test]
+    fn a_packed_stream_reads_in_any_order_and_stops_at_its_limit() {
+        let data = sample();
+        for (tool, kind) in [
+            ("gzip", Compression::Gzip),
+            ("xz", Compression::Xz),
+            ("zstd", Compression::Zstd),
+        ] {
+            let p = packed(&data, tool, kind, data.len() as u64);
+            let source = Source::Packed(Arc::new(p));
+            let Source::Packed(p) = &source else {
+                unreachable!()
+            };
+            // In order: one decoder for the whole stream, skipping what is not asked for.
+            let mut at = Vec::new();
+            for (offset, len) in [(0u64, 1000usize), (5000, 70_000), (200_000, 100_000)] {
+                let mut buf = vec![0u8; len];
+                source.read_exact_at(&mut buf, offset).unwrap();
+                assert!(buf == data[offset as usize..][..len], "{tool} at {offset}");
+                at.push(p.decoders_opened());
+            }
+            assert_eq!(at, [1, 1, 1], "{tool}");
+            // Behind the decoder: a new one, the same bytes.
+            let mut buf = vec![0u8; 4096];
+            source.read_exact_at(&mut buf, 10).unwrap();
+            assert!(buf == data[10..10 + 4096], "{tool}");
+            assert_eq!(p.decoders_opened(), 2, "{tool}");
+            let mut end = [0u8; 1];
+            assert_eq!(source.read_at(&mut end, data.len() as u64).unwrap(), 0);
+            // One byte short of the stream: a bomb, said in the user's terms.
+            let p = packed(&data, tool, kind, data.len() as u64 - 1);
+            let err = PackedReader::at(Arc::new(p), 0)
+                .read_to_end(&mut Vec::new())
+                .unwrap_err();
+            let want = format!(
+                "the {tool}-compressed file could not be decompressed: it expands to more than"
+            );
+            assert!(err.to_string().starts_with(&want), "{err}");
+        }
     }
 
     #[test]

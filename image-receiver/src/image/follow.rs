@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use crate::image::compress::{self, Compress};
 use crate::image::pipeline::{ProcessOptions, PUSH_CONCURRENCY};
 use crate::image::push::Pusher;
-use crate::image::span::{Span, SpanReader};
+use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::{FollowReader, Gone, Prefix};
 use crate::progress::Progress;
 
@@ -258,11 +258,18 @@ async fn follow_generation(
         let prefix = prefix.clone();
         pushes.spawn(async move {
             let pushed = if job.streamed {
-                p.push_following(&file, job.span, &job.digest, "blob", (prefix, generation))
+                p.push_following(
+                    &Source::File(file),
+                    job.span,
+                    &job.digest,
+                    "blob",
+                    (prefix, generation),
+                )
                     .await
             } else {
                 // Hashed by the walker from bytes that never change: no second hash.
-                p.push_own_file(&file, job.span, &job.digest, "layer").await
+                p.push_own_file(&Source::File(file), job.span, &job.digest, "layer")
+                    .await
             };
             match &pushed {
                 Ok(_) => tracing::info!(digest = %job.digest, "blob pushed while the upload arrives"),

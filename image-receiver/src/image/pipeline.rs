@@ -27,7 +27,7 @@ use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
 use crate::image::formats::{self, media, DetectOptions, Detected, RawManifest};
 use crate::image::push::{PushError, Pusher};
-use crate::image::span::{Span, SpanReader};
+use crate::image::span::{Source, Span, SpanReader};
 use crate::progress::Progress;
 
 /// Blobs pushed at once (across the layers of one image and across platforms): the registry
@@ -55,8 +55,6 @@ pub struct ProcessOptions {
     pub compress: Compress,
     /// How to reach the registry.
     pub registry: runr_registry::RegistryConfig,
-    /// `RUNR_UPLOAD_SIZE`: bounds the space a decompressed copy of a `.tar.gz` may take.
-    pub declared_size: u64,
     /// Where the push counts blobs and bytes (the upload's, shown by `GET /status`).
     pub progress: Arc<Progress>,
     /// The blobs the follower pushes while the upload arrives (none when it does not run).
@@ -85,7 +83,7 @@ impl Pass<'_> {
 async fn push_claimed(
     pusher: &Pusher,
     claim: Claim,
-    file: &Arc<std::fs::File>,
+    file: &Source,
     span: Span,
     digest: &str,
     what: &str,
@@ -186,17 +184,15 @@ pub async fn process_with(
     let in_file = |e: String| ProcessError::new(format!("{label}: {e}"));
     let detected = {
         let path = file.to_path_buf();
-        let work_dir = opts.work_dir.clone();
-        let declared_size = opts.declared_size;
         let upload_name = opts.upload_name.clone();
+        let gzip_layers = opts.compress == Compress::Gzip;
         tokio::task::spawn_blocking(move || {
             formats::detect(
                 &path,
                 &DetectOptions {
-                    work_dir: &work_dir,
-                    declared_size,
                     upload_name: upload_name.as_deref(),
-                    headroom: compress::DECOMPRESS_HEADROOM,
+                    expansion_limit: compress::expansion_limit,
+                    gzip_layers,
                 },
             )
         })
@@ -215,6 +211,11 @@ pub async fn process_with(
     let pusher = Pusher::new(&opts.target, &opts.registry, backoff, opts.progress.clone())
         .await
         .map_err(|e| ProcessError::new(e.to_string()))?;
+    let source = match &detected {
+        Detected::Oci(i) => Some(i.archive.file().clone()),
+        Detected::Docker(i) => Some(i.archive.file().clone()),
+        Detected::Wasm(_) => None,
+    };
     let pushed = match detected {
         Detected::Oci(image) => push_oci(&pusher, &pass, image).await,
         Detected::Docker(image) => {
@@ -222,6 +223,13 @@ pub async fn process_with(
         }
         Detected::Wasm(module) => push_wasm(&pusher, module).await,
     };
+    if let Some(Source::Packed(p)) = &source {
+        // Two for an archive indexed, then pushed in order; more when something was read again.
+        tracing::info!(
+            decoders = p.decoders_opened(),
+            "compressed archive read through its decoder"
+        );
+    }
     pushed.map_err(|e| match e {
         PushError::Content(m) => in_file(m),
         e => ProcessError::new(e.to_string()),
@@ -237,7 +245,14 @@ async fn push_oci(
     image: OciImage,
 ) -> Result<ImageInfo, PushError> {
     let file = image.archive.file().clone();
-    let blobs = image.blobs.clone();
+    let mut blobs = image.blobs.clone();
+    let concurrency = if file.is_packed() {
+        // One decoder moving forward: the blobs in the order they are in the stream.
+        blobs.sort_by_key(|b| b.span.offset);
+        1
+    } else {
+        PUSH_CONCURRENCY
+    };
     let claims: Vec<Claim> = blobs
         .iter()
         .map(|b| pass.claim(pusher.progress(), &b.digest, b.span.len))
@@ -249,7 +264,7 @@ async fn push_oci(
         .map(|(b, c)| push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed())
         .collect();
     futures_util::stream::iter(pushes)
-        .buffer_unordered(PUSH_CONCURRENCY)
+        .buffer_unordered(concurrency)
         .try_collect::<Vec<bool>>()
         .await?;
     // An image manifest names blobs only, all pushed: any order. An index names manifests,
@@ -340,20 +355,43 @@ async fn push_docker(
         }
         None => {
             let cpu = tokio::sync::Semaphore::new(CPU_CONCURRENCY);
-            let pushes: Vec<BoxFuture<'_, Result<Value, PushError>>> = image
-                .layers
-                .iter()
-                .zip(claims)
-                .map(|(l, c)| {
-                    push_docker_layer(pusher, c, &file, l, compress, work_dir, &cpu).boxed()
+            let mut order: Vec<usize> = (0..image.layers.len()).collect();
+            let concurrency = if file.is_packed() {
+                // One decoder moving forward: the layers in the order they are in the stream.
+                order.sort_by_key(|&i| image.layers[i].span.offset);
+                1
+            } else {
+                PUSH_CONCURRENCY
+            };
+            let mut claims: Vec<Option<Option<Claim>>> = claims.into_iter().map(Some).collect();
+            let pushes: Vec<BoxFuture<'_, Result<(usize, Value), PushError>>> = order
+                .into_iter()
+                .map(|i| {
+                    let l = &image.layers[i];
+                    let c = claims[i].take().expect("each layer once");
+                    let known = Known {
+                        gzip: image.archive.gzip_digests(l.span),
+                        made: image.archive.gzip_made(l.span),
+                    };
+                    let file = &file;
+                    let cpu = &cpu;
+                    async move {
+                        let v =
+                            push_docker_layer(pusher, c, file, l, known, compress, work_dir, cpu)
+                                .await?;
+                        Ok((i, v))
+                    }
+                    .boxed()
                 })
                 .collect();
             // Layers in order (the manifest lists them so), PUSH_CONCURRENCY at once: one
             // compresses (on both cores) while the others are pushed.
-            futures_util::stream::iter(pushes)
-                .buffered(PUSH_CONCURRENCY)
+            let mut done: Vec<(usize, Value)> = futures_util::stream::iter(pushes)
+                .buffered(concurrency)
                 .try_collect()
-                .await?
+                .await?;
+            done.sort_by_key(|(i, _)| *i);
+            done.into_iter().map(|(_, v)| v).collect()
         }
     };
     let size_bytes = image.config.len() as u64
@@ -386,12 +424,22 @@ async fn push_docker(
     })
 }
 
+/// What the index pass of a compressed archive worked out for a classic layer.
+struct Known {
+    /// It is gzip'ed: `(blob digest, diff_id)`.
+    gzip: Option<(String, String)>,
+    /// It is not: `(diff_id, digest, size)` of what gzip'ing it makes.
+    made: Option<(String, String, u64)>,
+}
+
 /// One classic layer → its descriptor in the manifest we write.
+#[allow(clippy::too_many_arguments)]
 async fn push_docker_layer(
     pusher: &Pusher,
     claim: Option<Claim>,
-    file: &Arc<std::fs::File>,
+    file: &Source,
     layer: &DockerLayer,
+    known: Known,
     compress: Compress,
     work_dir: &Path,
     cpu: &tokio::sync::Semaphore,
@@ -400,7 +448,9 @@ async fn push_docker_layer(
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
         // be checked against the diff_id, so read it once before pushing.
-        let (digest, diff_id) = {
+        let (digest, diff_id) = if let Some(known) = known.gzip {
+            known
+        } else {
             let file = file.clone();
             let span = layer.span;
             tokio::task::spawn_blocking(move || compress::gzip_digests(&file, span))
@@ -424,6 +474,22 @@ async fn push_docker_layer(
         }
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
+    } else if let (Compress::Gzip, Some((diff_id, digest, size))) = (compress, known.made) {
+        // From a compressed archive: gzip'ed again as it streams out of the decoder, into the
+        // digest the index pass worked out (the same bytes: no copy on disk).
+        if diff_id != layer.diff_id {
+            let mismatch = compress::LayerError::DiffId {
+                name: layer.name.clone(),
+                diff_id: layer.diff_id.clone(),
+                actual: diff_id,
+            };
+            return Err(PushError::Content(mismatch.to_string()));
+        }
+        pusher.progress().add_bytes(size);
+        pusher
+            .push_gzipping(file, layer.span, &digest, size, &layer.name)
+            .await?;
+        (media::OCI_LAYER_GZIP, digest, size)
     } else if compress == Compress::Gzip {
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         let (packed, size, digest) = {
@@ -442,7 +508,7 @@ async fn push_docker_layer(
         drop(permit);
         pusher.progress().add_bytes(size);
         pusher
-            .push_own_file(&packed, Span::whole(size), &digest, "layer")
+            .push_own_file(&Source::File(packed), Span::whole(size), &digest, "layer")
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
@@ -535,7 +601,12 @@ async fn push_wasm(pusher: &Pusher, module: WasmModule) -> Result<ImageInfo, Pus
     pusher.progress().add_blob(module.span.len);
     pusher.progress().add_blob(config.len() as u64);
     pusher
-        .push_span(&module.file, module.span, &digest, "module")
+        .push_span(
+            &Source::File(module.file.clone()),
+            module.span,
+            &digest,
+            "module",
+        )
         .await?;
     pusher
         .push_bytes(Bytes::from(config.clone()), &config_digest, "config")
@@ -577,7 +648,6 @@ mod tests {
             filename: None,
             compress: Compress::Gzip,
             registry: runr_registry::RegistryConfig::default(),
-            declared_size: 0,
             progress: Arc::default(),
             streamed: Arc::default(),
         };

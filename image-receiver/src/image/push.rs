@@ -15,13 +15,14 @@
 //!   Never whole in memory: 1 MiB reads feed the request body. The stream hashes what it sends
 //!   and fails before the upload is committed when the bytes do not match the digest, so a
 //!   damaged file is reported in its own terms and nothing wrong lands in the registry.
-//! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob.
+//! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob;
+//!   from a compressed archive, gzip'ed as they stream into the request body, under the digest
+//!   the index pass worked out ([`Pusher::push_gzipping`]).
 //! - Transient failures (connection, 5xx, 429) are retried [`RETRIES`] times with backoff; then
 //!   the registry's own message is reported. A blob whose upload failed starts again from its
 //!   first byte in a new upload session; the other blobs go on meanwhile.
 //! - What is pushed is counted in the [`Progress`] the status shows.
 
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,8 +40,9 @@ use runr_registry::{
     Grant, RegistryConfig, Timeouts, TokenError,
 };
 
+use crate::image::compress;
 use crate::image::formats::{media, RawManifest};
-use crate::image::span::{Span, SpanReader};
+use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::Prefix;
 use crate::progress::Progress;
 
@@ -327,7 +329,7 @@ impl Pusher {
     /// do not hash to `digest`.
     pub async fn push_span(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -340,7 +342,7 @@ impl Pusher {
     /// upload reopened, or `complete` began before the bytes came) fails this push.
     pub async fn push_following(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -354,7 +356,7 @@ impl Pusher {
     /// layer): no second hash on the way out.
     pub async fn push_own_file(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -365,7 +367,7 @@ impl Pusher {
 
     async fn push_stream(
         &self,
-        file: &Arc<File>,
+        file: &Source,
         span: Span,
         digest: &str,
         what: &str,
@@ -408,6 +410,54 @@ impl Pusher {
         if let Some(message) = mismatch.lock().expect("mismatch lock").take() {
             return Err(PushError::Content(message));
         }
+        match result {
+            Ok(_) => {
+                self.progress.blob_done();
+                Ok(true)
+            }
+            Err(e) => {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                Err(e)
+            }
+        }
+    }
+
+    /// Pushes the uncompressed layer at `span` of `file` gzip'ed on the way, as blob `digest`
+    /// of `size` bytes (what [`compress::gzip_blocks`] makes of it, worked out before), unless
+    /// the registry has it. A retry gzip's it again from its first byte; the registry checks
+    /// the digest at the commit.
+    pub async fn push_gzipping(
+        &self,
+        file: &Source,
+        span: Span,
+        digest: &str,
+        size: u64,
+        what: &str,
+    ) -> Result<bool, PushError> {
+        if self.blob_exists(digest).await? {
+            tracing::info!(what, digest, "blob already in the registry");
+            self.progress.sent(size);
+            self.progress.blob_done();
+            return Ok(false);
+        }
+        tracing::info!(what, digest, size, "pushing layer, gzip'ed as it streams");
+        let attempt = Arc::new(AtomicU64::new(0));
+        let result = self
+            .retry(&format!("pushing layer {what} {digest}"), || {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                let stream = gzip_stream(
+                    file.clone(),
+                    span,
+                    what.to_string(),
+                    Sent {
+                        progress: self.progress.clone(),
+                        attempt: attempt.clone(),
+                    },
+                );
+                self.blobs
+                    .push_blob_stream(&self.target, stream, digest, Some(size))
+            })
+            .await;
         match result {
             Ok(_) => {
                 self.progress.blob_done();
@@ -533,7 +583,7 @@ fn stream_error(message: &str) -> OciDistributionError {
 /// on a mismatch with `digest` an error item takes its place (and is recorded in `mismatch`), so
 /// the request body ends short and the registry never commits the upload.
 fn span_stream(
-    file: Arc<File>,
+    file: Source,
     span: Span,
     digest: String,
     what: String,
@@ -588,5 +638,36 @@ fn span_stream(
                 Err(e) => Some((Err(stream_error(&format!("reading {what}: {e}"))), None)),
             }
         }
+    })
+}
+
+/// The gzip members of `span` of `file` as they are made (two blocks in flight, on a blocking
+/// thread): the request body of [`Pusher::push_gzipping`]. A failure to read ends the stream
+/// with an error item, so the registry never commits the upload.
+fn gzip_stream(
+    file: Source,
+    span: Span,
+    what: String,
+    sent: Sent,
+) -> impl Stream<Item = Item> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(2);
+    tokio::task::spawn_blocking(move || {
+        let reader = SpanReader::new(file, span);
+        let made = compress::gzip_blocks(reader, span.len, &what, |member| {
+            sent.add(member.len() as u64);
+            tx.blocking_send(Ok(Bytes::copy_from_slice(member)))
+                .map_err(|_| compress::LayerError::Io {
+                    what: "sending".into(),
+                    name: what.clone(),
+                    source: std::io::Error::other("the request ended"),
+                })
+        });
+        if let Err(e) = made {
+            let _ = tx.blocking_send(Err(stream_error(&e.to_string())));
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
     })
 }

@@ -4,6 +4,9 @@
 //! Reads are positioned (`pread`): any number of readers share one open file without a seek
 //! position between them, and none reads past the end of its span. A reader can hash what it
 //! reads, so a blob is checked against its digest in the same pass that pushes it.
+//!
+//! What is read is a [`Source`]: the upload's file, or the tar inside a whole compressed upload
+//! ([`Packed`]), read through its decoder without a decompressed copy anywhere.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -11,6 +14,58 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use runr_registry::Sha256Hasher;
+
+use crate::image::compress::Packed;
+
+/// Where an archive's bytes come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file on disk: positioned reads, any order, any number at once.
+    File(Arc<File>),
+    /// The tar inside a whole compressed file: cheap when read in order (one decoder moving
+    /// forward), correct in any order (reading behind the decoder starts a new one).
+    Packed(Arc<Packed>),
+}
+
+impl From<Arc<File>> for Source {
+    fn from(file: Arc<File>) -> Source {
+        Source::File(file)
+    }
+}
+
+impl Source {
+    /// Reads up to `buf.len()` bytes at `pos`; 0 at the end.
+    pub fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+        match self {
+            Source::File(f) => f.read_at(buf, pos),
+            Source::Packed(p) => p.read_at(buf, pos),
+        }
+    }
+
+    /// Fills `buf` from `pos`; an end before it is full is [`io::ErrorKind::UnexpectedEof`].
+    pub fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        match self {
+            Source::File(f) => f.read_exact_at(buf, pos),
+            Source::Packed(p) => {
+                let mut done = 0;
+                while done < buf.len() {
+                    let n = p.read_at(&mut buf[done..], pos + done as u64)?;
+                    if n == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    done += n;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// True for the tar inside a compressed file: its reads are best made in order, one blob
+    /// at a time.
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Source::Packed(_))
+    }
+}
 
 /// How much [`SpanReader::consume`] reads at a time.
 const CONSUME_BLOCK: usize = 1 << 20;
@@ -33,7 +88,7 @@ impl Span {
 
 /// Reads one span of a shared file from its start to its end, in order.
 pub struct SpanReader {
-    file: Arc<File>,
+    file: Source,
     pos: u64,
     end: u64,
     /// SHA-256 of what was read so far, when asked for.
@@ -42,9 +97,9 @@ pub struct SpanReader {
 
 impl SpanReader {
     /// A reader of `span` of `file`.
-    pub fn new(file: Arc<File>, span: Span) -> SpanReader {
+    pub fn new(file: impl Into<Source>, span: Span) -> SpanReader {
         SpanReader {
-            file,
+            file: file.into(),
             pos: span.offset,
             end: span.offset.saturating_add(span.len),
             hasher: None,
@@ -52,7 +107,7 @@ impl SpanReader {
     }
 
     /// A reader of `span` of `file` that hashes what it reads ([`SpanReader::digest`]).
-    pub fn hashing(file: Arc<File>, span: Span) -> SpanReader {
+    pub fn hashing(file: impl Into<Source>, span: Span) -> SpanReader {
         SpanReader {
             hasher: Some(Sha256Hasher::new()),
             ..SpanReader::new(file, span)

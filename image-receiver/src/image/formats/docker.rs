@@ -106,17 +106,10 @@ pub(super) fn read(
         })?;
         // The first bytes say whether the layer is compressed already.
         let magic = if span.len >= 4 {
-            let head = Span {
-                offset: span.offset,
-                len: 4,
-            };
-            archive
-                .reader(head)
-                .read_block(4)
-                .map_err(|source| FormatError::Io {
-                    what: format!("read layer {name}"),
-                    source,
-                })?
+            archive.head(span, 4).map_err(|source| FormatError::Io {
+                what: format!("read layer {name}"),
+                source,
+            })?
         } else {
             Vec::new()
         };

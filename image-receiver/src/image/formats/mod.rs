@@ -17,10 +17,8 @@ use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
 use crate::image::archive::{Archive, ArchiveError};
-#[cfg(doc)]
-use crate::image::compress::DECOMPRESS_HEADROOM;
-use crate::image::compress::{self, Compression};
-use crate::image::span::{Span, SpanReader};
+use crate::image::compress::{self, Compression, Packed};
+use crate::image::span::{Source, Span, SpanReader};
 
 pub(crate) use self::common::{media, FormatError, RawManifest};
 
@@ -43,14 +41,14 @@ pub enum Detected {
 /// Inputs of [`detect`] besides the file.
 #[derive(Debug, Clone)]
 pub struct DetectOptions<'a> {
-    /// Where a decompressed copy of a `.tar.gz`, `.tar.xz` or `.tar.zst` may be written.
-    pub work_dir: &'a Path,
-    /// The declared size, bounding that copy.
-    pub declared_size: u64,
     /// `RUNR_UPLOAD_NAME`, to pick one of several images.
     pub upload_name: Option<&'a str>,
-    /// Room a decompressed copy may take beyond the declared size ([`DECOMPRESS_HEADROOM`]).
-    pub headroom: u64,
+    /// How many bytes the tar inside a `.tar.gz`, `.tar.xz` or `.tar.zst` of `len` bytes may
+    /// decompress to ([`compress::expansion_limit`]; the fuzz targets use less).
+    pub expansion_limit: fn(u64) -> u64,
+    /// Uncompressed classic layers will be gzip'ed (`RUNR_UPLOAD_COMPRESS=gzip`): a compressed
+    /// archive's index pass works out what they make.
+    pub gzip_layers: bool,
 }
 
 /// Works out what `path` holds and what to push.
@@ -78,16 +76,25 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
         None => index_tar(file, len)?,
         Some(Compression::Other(name)) => return Err(FormatError::Compression(name)),
         Some(kind) => {
-            let limit = opts.declared_size.max(len).saturating_add(opts.headroom);
-            let (tar, tar_len) =
-                compress::decompress_archive(&file, len, kind, opts.work_dir, limit)?;
-            if let Some(inner) = compress::recognise(&head(&tar, tar_len, 16)?) {
+            let packed = Arc::new(Packed::new(file, len, kind, (opts.expansion_limit)(len))?);
+            let inner = Source::Packed(packed.clone());
+            let mut first = vec![0u8; 512];
+            let n = read_up_to(&inner, &mut first)
+                .map_err(|e| packed.failure().map_or(e, FormatError::from))?;
+            first.truncate(n);
+            if let Some(twice) = compress::recognise(&first[..n.min(16)]) {
                 return Err(FormatError::CompressedTwice {
                     outer: kind.name(),
-                    inner: inner.name(),
+                    inner: twice.name(),
                 });
             }
-            index_tar(tar, tar_len)?
+            let ustar = first.len() == 512 && &first[257..262] == b"ustar";
+            match Archive::index_packed(packed, first, opts.gzip_layers) {
+                Ok(a) => a,
+                Err(Ok(decoder)) => return Err(decoder.into()),
+                Err(Err(ArchiveError::Read(_))) if !ustar => return Err(FormatError::Unrecognized),
+                Err(Err(e)) => return Err(e.into()),
+            }
         }
     };
     if archive.contains("index.json") {
@@ -111,6 +118,24 @@ fn head(file: &Arc<File>, len: u64, n: usize) -> Result<Vec<u8>, FormatError> {
             what: "read the upload".into(),
             source,
         })
+}
+
+/// Up to `buf.len()` bytes of `source` from its start: fewer only at its end.
+fn read_up_to(source: &Source, buf: &mut [u8]) -> Result<usize, FormatError> {
+    let mut done = 0;
+    while done < buf.len() {
+        match source.read_at(&mut buf[done..], done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(source) => {
+                return Err(FormatError::Io {
+                    what: "read the upload".into(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Indexes a tar, turning "this is no tar at all" into [`FormatError::Unrecognized`].
@@ -137,10 +162,9 @@ mod tests {
             .collect();
         std::fs::write(&path, data).unwrap();
         let opts = DetectOptions {
-            work_dir: dir.path(),
-            declared_size: 4096,
             upload_name: None,
-            headroom: compress::DECOMPRESS_HEADROOM,
+            expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         let err = detect(&path, &opts).unwrap_err();
         assert!(matches!(err, FormatError::Unrecognized), "{err}");
@@ -152,10 +176,9 @@ mod tests {
         let path = dir.path().join("m");
         std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
         let opts = DetectOptions {
-            work_dir: dir.path(),
-            declared_size: 8,
             upload_name: None,
-            headroom: compress::DECOMPRESS_HEADROOM,
+            expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         match detect(&path, &opts).unwrap() {
             Detected::Wasm(w) => assert!(!w.component),
@@ -176,10 +199,9 @@ mod tests {
         let a = Archive::open(&path).unwrap();
         assert!(!a.contains("manifest.json"));
         let opts = DetectOptions {
-            work_dir: dir.path(),
-            declared_size: 0,
             upload_name: None,
-            headroom: compress::DECOMPRESS_HEADROOM,
+            expansion_limit: compress::expansion_limit,
+            gzip_layers: true,
         };
         assert!(matches!(
             detect(&path, &opts),
