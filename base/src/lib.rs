@@ -1,5 +1,6 @@
 //! runr-base: what the edge of every RunR data-plane binary needs, once.
 //!
+//! - [`backoff`]: the one backoff (exponential, capped, equal jitter);
 //! - [`cloudevent`]: the attributes of the schedule and queue CloudEvents;
 //! - [`env`]: reading configuration from environment variables, one grammar for durations,
 //!   sizes, flags, ports and levels; one [`env::ConfigError`]; the variables table that
@@ -21,6 +22,7 @@
 //! no binary bigger; what needs more sits behind a feature.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod cloudevent;
 pub mod env;
 pub mod fmt;

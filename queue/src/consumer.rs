@@ -26,13 +26,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::answer::Verdict;
-use crate::backoff::{random, retry_delay};
 use crate::config::Config;
 use crate::deliver::{AnswerBody, Event, Http, Sent, LOG_SNIPPET};
 use crate::event;
 use crate::metrics::{Metrics, Outcome};
 use crate::store::{Entry, Reader, Refusal, Store, StoreError, READ_BLOCK};
 use crate::trace::{Attempt, Trace};
+use runr_base::backoff::{equal_jitter, Backoff};
 use runr_base::otlp::{Attr, Exporter, SpanData, SpanKind};
 
 /// How the consumer ended.
@@ -422,7 +422,7 @@ impl Ctx {
     }
 
     async fn pause(&self, pause: &mut Duration) {
-        let d = retry_delay(1, *pause, *pause, None, random());
+        let d = equal_jitter(*pause);
         tokio::select! {
             () = tokio::time::sleep(d) => {}
             () = self.until_stopped() => {}
@@ -668,7 +668,8 @@ impl Ctx {
                     }
                     let c = &self.config;
                     self.metrics.outcome(Outcome::Retried);
-                    let delay = retry_delay(attempt, c.backoff, c.backoff_max, floor, random());
+                    let backoff = Backoff::new(c.backoff, c.backoff_max);
+                    let delay = retry_wait(backoff, attempt, floor, runr_base::backoff::random());
                     tracing::warn!(
                         id,
                         attempt,
@@ -834,5 +835,30 @@ impl Drop for InHand<'_> {
         let mut hand = self.ctx.hand();
         hand.remove(self.id);
         self.ctx.metrics.set_in_hand(hand.len());
+    }
+}
+
+/// The wait before retry `attempt`: the configured backoff, and never less than `floor` (a
+/// 429's or 503's `Retry-After`, which the cap does not shorten).
+fn retry_wait(backoff: Backoff, attempt: u32, floor: Option<Duration>, random: u64) -> Duration {
+    backoff
+        .delay_with(attempt, random)
+        .max(floor.unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn retry_after_is_a_floor_the_cap_does_not_shorten() {
+        let b = Backoff::new(S(1), S(10));
+        assert_eq!(retry_wait(b, 1, Some(S(30)), 0), S(30));
+        assert_eq!(retry_wait(b, 1, Some(S(30)), u64::MAX), S(30));
+        // A small floor does not shorten the backoff either.
+        assert_eq!(retry_wait(b, 4, Some(S(1)), 0), S(4));
+        assert_eq!(retry_wait(b, 4, None, 0), S(4));
     }
 }

@@ -7,7 +7,6 @@
 //! - [`config`]: every variable and its default;
 //! - `event`: the CloudEvent (attributes, the fields as a JSON body);
 //! - `answer`: what the function's answer means (ack, retry no earlier than, dead-letter);
-//! - `backoff`: the wait before each retry;
 //! - `store`: the Redis commands, the two connections, waiting out outages;
 //! - `deliver`: the HTTP/1.1 client and its keep-alive pool;
 //! - `trace`: the W3C `traceparent` of every attempt (the producer's trace continued);
@@ -18,7 +17,6 @@
 
 pub mod admin;
 pub(crate) mod answer;
-pub(crate) mod backoff;
 pub mod config;
 pub(crate) mod consumer;
 pub(crate) mod deliver;

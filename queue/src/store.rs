@@ -679,14 +679,7 @@ impl Store {
                 },
                 Err(StoreError::Unavailable(_)) => {}
             }
-            tokio::time::sleep(crate::backoff::retry_delay(
-                1,
-                pause,
-                pause,
-                None,
-                crate::backoff::random(),
-            ))
-            .await;
+            tokio::time::sleep(runr_base::backoff::equal_jitter(pause)).await;
             pause = (pause * 2).min(RETRY_MAX);
         }
     }

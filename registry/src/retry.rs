@@ -31,8 +31,8 @@ pub fn is_transient_status(code: u16) -> bool {
     code >= 500 || code == 429 || code == 408
 }
 
-/// Exponential backoff with full jitter: attempt `n` waits a random time in
-/// `[base * 2^n / 2, base * 2^n]`, capped at `max`.
+/// The registry clients' retry wait: runr-base's one backoff (exponential, equal jitter: attempt
+/// `n` waits a random time in `[base·2ⁿ/2, base·2ⁿ]`, capped at `max`), counted from 0.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
     /// The first delay's upper bound.
@@ -53,13 +53,7 @@ impl Default for Backoff {
 impl Backoff {
     /// The delay before retry number `attempt` (0 for the first retry).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let upper = self
-            .base
-            .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
-            .min(self.max);
-        // Half fixed, half random: retries of many clients spread out, yet never fire at once.
-        let half = upper / 2;
-        half + half.mul_f64(rand::random::<f64>())
+        runr_base::backoff::Backoff::new(self.base, self.max).delay(attempt.saturating_add(1))
     }
 }
 

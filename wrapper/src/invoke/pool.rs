@@ -259,30 +259,26 @@ fn worker_exited() -> Outcome {
 }
 
 /// The restart policy: 100 ms after a worker that served a request or ran for at least 10 s,
-/// otherwise a delay that doubles per quick failure, up to 5 s.
-#[derive(Debug, Clone)]
+/// otherwise a delay that doubles per quick failure, up to 5 s: runr-base's backoff without its
+/// jitter (one worker has no crowd to spread out).
+#[derive(Debug, Clone, Default)]
 pub struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            next: RESTART_DELAY,
-        }
-    }
+    /// Quick failures in a row, counting a good run as the first.
+    failures: u32,
 }
 
 impl Backoff {
+    const POLICY: runr_base::backoff::Backoff =
+        runr_base::backoff::Backoff::new(RESTART_DELAY, MAX_RESTART_DELAY);
+
     /// The delay before restarting a worker that ended after `ran` and did (not) serve.
     pub fn delay(&mut self, served: bool, ran: Duration) -> Duration {
-        if served || ran >= HEALTHY_RUN {
-            self.next = RESTART_DELAY * 2;
-            return RESTART_DELAY;
-        }
-        let delay = self.next;
-        self.next = (self.next * 2).min(MAX_RESTART_DELAY);
-        delay
+        self.failures = if served || ran >= HEALTHY_RUN {
+            1
+        } else {
+            self.failures.saturating_add(1)
+        };
+        Self::POLICY.ceiling(self.failures)
     }
 }
 
