@@ -262,6 +262,17 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 impl ConfigErrors {
+    /// The one report of bad configuration every binary makes: a line per bad variable at ERROR
+    /// on the log the caller set up (`invalid configuration: NAME="value": reason`), and the
+    /// exit status for it, [`crate::EXIT_CONFIG`].
+    #[cold]
+    pub fn report(&self) -> std::process::ExitCode {
+        for e in &self.0 {
+            tracing::error!("invalid configuration: {e}");
+        }
+        std::process::ExitCode::from(crate::EXIT_CONFIG)
+    }
+
     /// The variables named, in order (tests).
     pub fn names(&self) -> Vec<&'static str> {
         self.0.iter().map(|e| e.name).collect()

@@ -98,10 +98,7 @@ where
 /// One line per bad variable, then exit 2.
 fn bad_config(errors: &ConfigErrors) -> ExitCode {
     runr_base::log::init(LOG, tracing::Level::INFO);
-    for e in errors {
-        tracing::error!("invalid configuration: {e}");
-    }
-    ExitCode::from(EXIT_CONFIG)
+    errors.report()
 }
 
 fn version() -> String {

@@ -33,10 +33,7 @@ fn run() -> ExitCode {
         Ok(config) => config,
         Err(errors) => {
             runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            for e in &errors {
-                tracing::error!(variable = e.name, "bad configuration: {e}");
-            }
-            return ExitCode::from(EXIT_CONFIG);
+            return errors.report();
         }
     };
     runr_base::log::init(LOG_FORMAT, config.log);

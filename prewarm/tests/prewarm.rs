@@ -365,6 +365,13 @@ fn bad_configuration_exits_2_naming_each_variable() {
         3,
         "one line per variable: {done:?}"
     );
+    // In the words every binary uses for it (runr-base's one report).
+    for line in read.lines() {
+        assert!(
+            line.starts_with("[runr-prewarm] ERROR msg=invalid configuration: RUNR_PREWARM_"),
+            "{line}"
+        );
+    }
     assert!(!done.stderr.contains("panicked"), "{done:?}");
 
     let unknown = Prewarm::start(&env, &["warm"]).finish(Duration::from_secs(10));

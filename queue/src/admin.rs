@@ -19,10 +19,7 @@ fn config_for_admin(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, Exit
         }
         Err(errors) => {
             runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            for line in config::error_lines(&errors) {
-                tracing::error!("invalid configuration: {line}");
-            }
-            Err(ExitCode::from(runr_base::EXIT_CONFIG))
+            Err(errors.report())
         }
     }
 }

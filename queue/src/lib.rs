@@ -52,10 +52,7 @@ pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
         Ok(c) => c,
         Err(errors) => {
             runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            for line in config::error_lines(&errors) {
-                tracing::error!("invalid configuration: {line}");
-            }
-            return ExitCode::from(runr_base::EXIT_CONFIG);
+            return errors.report();
         }
     };
     runr_base::log::init(LOG_FORMAT, config.log_level);

@@ -33,12 +33,7 @@ pub const LOG_FORMAT: LogFormat = LogFormat {
 pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
     let config = match TickConfig::from_lookup(get) {
         Ok(c) => c,
-        Err(errors) => {
-            for e in &errors {
-                tracing::error!("invalid configuration: {e}");
-            }
-            return ExitCode::from(runr_base::EXIT_CONFIG);
-        }
+        Err(errors) => return errors.report(),
     };
     let event = ScheduleEvent::new();
     match runr_base::runtime::block_on(wait_and_send(&config.target, config.wait, &event)) {

@@ -35,10 +35,7 @@ pub fn serve() -> ExitCode {
                 telemetry::log_format_of(&process_lookup),
                 tracing::Level::INFO,
             );
-            for e in &errors {
-                tracing::error!("invalid configuration: {e}");
-            }
-            return ExitCode::from(runr_base::EXIT_CONFIG);
+            return errors.report();
         }
     };
     init_logs(config.telemetry.log_format, config.log_level);
