@@ -46,8 +46,8 @@ pub struct Exec {
     slots: usize,
     kill_grace: Duration,
     result_fd: bool,
-    /// The handler ready for posix_spawn with its environment built once; `None` with a
-    /// working directory to set, which only std's spawn does (see [`prepared`]).
+    /// The handler ready for posix_spawn with its environment built once (`None`: an
+    /// argument with a NUL, which std then reports per request, as before).
     prepared: Option<Prepared>,
 }
 
@@ -74,11 +74,7 @@ impl Exec {
             );
         }
         let cwd = code_dir();
-        // An argument with a NUL cannot be prepared: std then reports it per request, as before.
-        let prepared = match cwd {
-            None => Prepared::new(&program, &config.command).ok(),
-            Some(_) => None,
-        };
+        let prepared = Prepared::new(&program, &config.command, cwd.as_deref()).ok();
         Exec {
             prepared,
             program,

@@ -368,7 +368,7 @@ mod tests {
         let stdin = || nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap().0;
         let script = "echo $RUNR_X; read -r _ _ _ _ g _ < /proc/$$/stat; echo $g; exit 4";
         let argv = ["sh".to_string(), "-c".into(), script.into()];
-        let p = prepared::Prepared::new("/bin/sh", &argv).unwrap();
+        let p = prepared::Prepared::new("/bin/sh", &argv, None).unwrap();
         let vars = [(OsString::from("RUNR_X"), OsString::from("set"))];
         let mut proc = prepared::spawn(&p, &vars, stdin(), false).unwrap();
         let mut out = BufReader::new(proc.stdout.take().unwrap());
@@ -388,7 +388,7 @@ mod tests {
             "^Sig(Blk|Ign):".into(),
             "/proc/self/status".into(),
         ];
-        let p = prepared::Prepared::new("grep", &argv).unwrap();
+        let p = prepared::Prepared::new("grep", &argv, None).unwrap();
         let mut proc = prepared::spawn(&p, &[], stdin(), false).unwrap();
         let mut out = BufReader::new(proc.stdout.take().unwrap());
         let mut masks = Vec::new();
@@ -406,7 +406,7 @@ mod tests {
         let program = "/bin/true";
         let argv = [program.to_string()];
         let limit = arg_limit::ArgLimit::of_this_process(program, &argv);
-        let p = prepared::Prepared::new(program, &argv).unwrap();
+        let p = prepared::Prepared::new(program, &argv, None).unwrap();
         // Fill what the inherited environment leaves, as variables of at most 100 KiB.
         let mut room = limit.room_left() + arg_limit::INTERPRETER_RESERVE;
         let mut vars = Vec::new();
@@ -425,7 +425,29 @@ mod tests {
             .expect("E2BIG");
         assert_eq!(e.raw_os_error(), Some(nix::libc::E2BIG), "{e}");
 
-        let p = prepared::Prepared::new("/nonexistent/program", &["x".to_string()]).unwrap();
+        // In its working directory, with ours unchanged after; a relative program there.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("here.sh"), "pwd").unwrap();
+        let ours = std::env::current_dir().unwrap();
+        let argv = ["sh".to_string(), "./here.sh".into()];
+        let p = prepared::Prepared::new("/bin/sh", &argv, Some(dir.path())).unwrap();
+        let mut proc = prepared::spawn(&p, &[], stdin(), false).unwrap();
+        assert_eq!(std::env::current_dir().unwrap(), ours);
+        let mut out = BufReader::new(proc.stdout.take().unwrap());
+        let mut line = Vec::new();
+        read_line_capped(&mut out, &mut line, 4096).await.unwrap();
+        let canonical = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&line).trim_end(),
+            canonical.to_str().unwrap()
+        );
+        assert_eq!(proc.wait().await, Exit::Code(0));
+        let gone =
+            prepared::Prepared::new("/bin/true", &[], Some(&dir.path().join("gone"))).unwrap();
+        assert!(prepared::spawn(&gone, &[], stdin(), false).is_err());
+        assert_eq!(std::env::current_dir().unwrap(), ours);
+
+        let p = prepared::Prepared::new("/nonexistent/program", &["x".to_string()], None).unwrap();
         let e = prepared::spawn(&p, &[], stdin(), false)
             .err()
             .expect("ENOENT");

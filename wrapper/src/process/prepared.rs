@@ -9,17 +9,27 @@
 //! pipes (and fd 3 with `RUNR_RESULT_FD=3`), its own process group, nothing blocked and
 //! SIGPIPE (which Rust ignores) back to its default disposition.
 //!
-//! Not for everything: nix has no `posix_spawn_file_actions_addchdir`, so a handler with a
-//! working directory is still spawned by std; and no safe binding takes `wait4` by pid, so a
-//! child spawned here is reaped without its rusage (see [`super::reaper`]), and an invocation
-//! whose peak RSS is reported is spawned by std too.
+//! The working directory (`/app/code`): nix has no `posix_spawn_file_actions_addchdir`, so
+//! the wrapper itself moves there for the spawn and back right after, under the reaper's lock.
+//! That is only sound because nothing else in the wrapper resolves a relative path meanwhile:
+//! it runs on one thread (a current-thread runtime), and the only other threads are tokio's
+//! blocking pool resolving host names (`TcpStream::connect` with a name: the span export, the
+//! proxy's upstream, the tick), whose getaddrinfo reads absolute paths only. Code that opens a
+//! relative path off the runtime thread must not be added while this is here.
+//!
+//! Not for everything: no safe binding takes `wait4` by pid, so a child spawned here is reaped
+//! without its rusage (see [`super::reaper`]), and an invocation whose peak RSS is reported is
+//! spawned by std.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsStr, OsString};
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::OFlag;
 use nix_spawn::spawn::{
@@ -40,6 +50,14 @@ pub struct Prepared {
     argv: Vec<CString>,
     /// The inherited environment as `NAME=value`, sorted by name.
     env: Vec<Entry>,
+    cwd: Option<Cwd>,
+}
+
+/// The child's working directory, and ours to come back to.
+#[derive(Debug, Clone)]
+struct Cwd {
+    dir: PathBuf,
+    ours: Arc<File>,
 }
 
 /// One inherited variable.
@@ -57,12 +75,19 @@ impl Entry {
 }
 
 impl Prepared {
-    /// `program` (the path std would be given) with `argv`, and this process's environment
-    /// as it is now.
-    pub fn new(program: &str, argv: &[String]) -> io::Result<Prepared> {
+    /// `program` (the path std would be given) with `argv`, this process's environment as it
+    /// is now, and `cwd` as its working directory (else ours).
+    pub fn new(program: &str, argv: &[String], cwd: Option<&Path>) -> io::Result<Prepared> {
         // A map, like std's: a name inherited twice is passed once, with its last value.
         let inherited: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-        Prepared::with_env(program, argv, &inherited)
+        let mut prepared = Prepared::with_env(program, argv, &inherited)?;
+        if let Some(dir) = cwd {
+            prepared.cwd = Some(Cwd {
+                dir: dir.to_path_buf(),
+                ours: Arc::new(File::open(".")?),
+            });
+        }
+        Ok(prepared)
     }
 
     fn with_env(
@@ -86,6 +111,7 @@ impl Prepared {
                     })
                 })
                 .collect::<io::Result<_>>()?,
+            cwd: None,
         })
     }
 
@@ -180,6 +206,9 @@ pub fn spawn(
     let (pid, exit) = {
         // Held across the spawn: see the reaper module docs.
         let mut table = reaper::lock();
+        if let Some(cwd) = &prepared.cwd {
+            nix::unistd::chdir(&cwd.dir)?;
+        }
         let spawned = if prepared.search_path {
             posix_spawnp(&prepared.program, &actions, &attr, &prepared.argv, &envp)
         } else {
@@ -191,6 +220,11 @@ pub fn spawn(
                 &envp,
             )
         };
+        if let Some(cwd) = &prepared.cwd {
+            if let Err(e) = nix::unistd::fchdir(cwd.ours.as_raw_fd()) {
+                tracing::error!(error = %e, "cannot return to the working directory after a spawn");
+            }
+        }
         let pid = spawned
             .map_err(|e| io::Error::from_raw_os_error(e as i32))?
             .as_raw();
