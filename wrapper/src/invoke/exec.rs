@@ -22,10 +22,11 @@ use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request, WRITE_CHUNK};
 use crate::http::admission::Held;
-use crate::observe::logs::{HandlerLog, Stream, Tag};
+use crate::observe::logs::{self, HandlerLog, Stream, Tag};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
 use crate::process::lines::{self, LinePipe};
+use crate::process::prepared::{self, Prepared};
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
 use crate::response;
@@ -45,6 +46,9 @@ pub struct Exec {
     slots: usize,
     kill_grace: Duration,
     result_fd: bool,
+    /// The handler ready for posix_spawn with its environment built once (`None`: an
+    /// argument with a NUL, which std then reports per request, as before).
+    prepared: Option<Prepared>,
 }
 
 /// What the handler produced before it exited.
@@ -69,10 +73,13 @@ impl Exec {
                 "the wrapper's environment and RUNR_COMMAND leave no room for per-invocation variables: every request will be refused"
             );
         }
+        let cwd = code_dir();
+        let prepared = Prepared::new(&program, &config.command, cwd.as_deref()).ok();
         Exec {
+            prepared,
             program,
             command: config.command.clone(),
-            cwd: code_dir(),
+            cwd,
             input: config.input,
             timeout: config.timeout,
             args,
@@ -111,6 +118,13 @@ impl Exec {
     ) -> Outcome {
         let cold_start = !INVOKED.swap(true, Ordering::Relaxed);
         let spawned = Stdin::pipe().and_then(|(child_end, stdin)| {
+            // The peak RSS comes from wait4 through std's `Child`: when the invocation line
+            // that reports it is written, std spawns.
+            if let (Some(prepared), false) = (&self.prepared, logs::invocation_logged()) {
+                return prepared::spawn(prepared, req.exec_vars(), child_end, self.result_fd)
+                    .map(|p| (p, stdin));
+            }
+            let child_end = Stdio::from(child_end);
             let mut cmd = Command::new(&self.program);
             cmd.arg0(&self.command[0])
                 .args(&self.command[1..])
@@ -452,14 +466,14 @@ struct Stdin {
 }
 
 impl Stdin {
-    /// A new pipe: the child's end (close-on-exec: std dups it onto fd 0) and ours.
-    fn pipe() -> io::Result<(Stdio, Stdin)> {
+    /// A new pipe: the child's end (close-on-exec: the spawn dups it onto fd 0) and ours.
+    fn pipe() -> io::Result<(OwnedFd, Stdin)> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let stdin = Stdin {
             fresh: Some((write, 0)),
             polled: None,
         };
-        Ok((Stdio::from(read), stdin))
+        Ok((read, stdin))
     }
 
     async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {

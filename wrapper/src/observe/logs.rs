@@ -250,6 +250,12 @@ pub struct InvocationLine<'a> {
     pub replaced_request_id: Option<&'a str>,
 }
 
+/// Whether [`invocation`] writes its line now (info with `RUNR_LOG_INVOCATIONS=1`, or debug
+/// enabled): exec mode reaps for the peak RSS it reports only then.
+pub fn invocation_logged() -> bool {
+    INVOCATIONS.load(Ordering::Relaxed) || tracing::enabled!(tracing::Level::DEBUG)
+}
+
 /// Logs the per-invocation line: at info with `RUNR_LOG_INVOCATIONS=1`, else at debug.
 pub fn invocation(line: &InvocationLine<'_>) {
     macro_rules! at {

@@ -11,8 +11,9 @@
 //!   than a quarter of the stack limit (`RLIMIT_STACK`), capped at 6 MiB (3/4 of `_STK_LIM`),
 //!   but never less than `ARG_MAX` (128 KiB) whatever the stack limit.
 //!
-//! The environment a handler gets is the wrapper's own (std passes it on) with the
-//! per-invocation `RUNR_*` variables set over it, so the sum counts both, and the argv.
+//! The environment a handler gets is the wrapper's own (std passes it on, and
+//! [`super::prepared`] builds the same once at start) with the per-invocation `RUNR_*`
+//! variables set over it, so the sum counts both, and the argv.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};

@@ -6,6 +6,7 @@
 
 pub(crate) mod arg_limit;
 pub(crate) mod lines;
+pub(crate) mod prepared;
 pub(crate) mod reaper;
 pub(crate) mod result_fd;
 
@@ -355,6 +356,102 @@ mod tests {
             .expect("grandchild killed with its group");
 
         the_kernel_agrees_with_arg_limit().await;
+        prepared_spawns_like_std().await;
+    }
+
+    /// A child of [`prepared::spawn`]: its exit status, its output, its own group, E2BIG
+    /// exactly where [`arg_limit::ArgLimit`] says the inherited environment and the request's
+    /// variables stop fitting, and ENOENT for a program that is not there. (Called from the
+    /// one spawning test.)
+    async fn prepared_spawns_like_std() {
+        use std::ffi::OsString;
+        let stdin = || nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap().0;
+        let script = "echo $RUNR_X; read -r _ _ _ _ g _ < /proc/$$/stat; echo $g; exit 4";
+        let argv = ["sh".to_string(), "-c".into(), script.into()];
+        let p = prepared::Prepared::new("/bin/sh", &argv, None).unwrap();
+        let vars = [(OsString::from("RUNR_X"), OsString::from("set"))];
+        let mut proc = prepared::spawn(&p, &vars, stdin(), false).unwrap();
+        let mut out = BufReader::new(proc.stdout.take().unwrap());
+        let mut line = Vec::new();
+        read_line_capped(&mut out, &mut line, 64).await.unwrap();
+        assert_eq!(line, b"set\n");
+        line.clear();
+        read_line_capped(&mut out, &mut line, 64).await.unwrap();
+        let pgid: i32 = String::from_utf8_lossy(&line).trim().parse().unwrap();
+        assert_eq!(pgid, proc.id(), "the leader of its own group");
+        assert_eq!(proc.wait().await, Exit::Code(4));
+
+        // The mask and dispositions as exec'd (a bare name: looked up on PATH).
+        let argv = [
+            "grep".to_string(),
+            "-E".into(),
+            "^Sig(Blk|Ign):".into(),
+            "/proc/self/status".into(),
+        ];
+        let p = prepared::Prepared::new("grep", &argv, None).unwrap();
+        let mut proc = prepared::spawn(&p, &[], stdin(), false).unwrap();
+        let mut out = BufReader::new(proc.stdout.take().unwrap());
+        let mut masks = Vec::new();
+        for _ in 0..2 {
+            let mut line = Vec::new();
+            read_line_capped(&mut out, &mut line, 64).await.unwrap();
+            let s = String::from_utf8_lossy(&line).into_owned();
+            masks.push(u64::from_str_radix(s.split_whitespace().nth(1).unwrap(), 16).unwrap());
+        }
+        assert_eq!(masks[0], 0, "nothing blocked");
+        let sigpipe = 1 << (Signal::SIGPIPE as u32 - 1);
+        assert_eq!(masks[1] & sigpipe, 0, "SIGPIPE not ignored");
+        assert_eq!(proc.wait().await, Exit::Code(0));
+
+        let program = "/bin/true";
+        let argv = [program.to_string()];
+        let limit = arg_limit::ArgLimit::of_this_process(program, &argv);
+        let p = prepared::Prepared::new(program, &argv, None).unwrap();
+        // Fill what the inherited environment leaves, as variables of at most 100 KiB.
+        let mut room = limit.room_left() + arg_limit::INTERPRETER_RESERVE;
+        let mut vars = Vec::new();
+        while room > 0 {
+            let name = format!("V{}", vars.len());
+            let overhead = name.len() + 2 + std::mem::size_of::<usize>();
+            let len = (room - overhead).min(100 * 1024);
+            vars.push((OsString::from(&name), OsString::from("v".repeat(len))));
+            room -= overhead + len;
+        }
+        let mut proc = prepared::spawn(&p, &vars, stdin(), false).unwrap();
+        assert_eq!(proc.wait().await, Exit::Code(0));
+        vars.last_mut().unwrap().1.push("v");
+        let e = prepared::spawn(&p, &vars, stdin(), false)
+            .err()
+            .expect("E2BIG");
+        assert_eq!(e.raw_os_error(), Some(nix::libc::E2BIG), "{e}");
+
+        // In its working directory, with ours unchanged after; a relative program there.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("here.sh"), "pwd").unwrap();
+        let ours = std::env::current_dir().unwrap();
+        let argv = ["sh".to_string(), "./here.sh".into()];
+        let p = prepared::Prepared::new("/bin/sh", &argv, Some(dir.path())).unwrap();
+        let mut proc = prepared::spawn(&p, &[], stdin(), false).unwrap();
+        assert_eq!(std::env::current_dir().unwrap(), ours);
+        let mut out = BufReader::new(proc.stdout.take().unwrap());
+        let mut line = Vec::new();
+        read_line_capped(&mut out, &mut line, 4096).await.unwrap();
+        let canonical = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&line).trim_end(),
+            canonical.to_str().unwrap()
+        );
+        assert_eq!(proc.wait().await, Exit::Code(0));
+        let gone =
+            prepared::Prepared::new("/bin/true", &[], Some(&dir.path().join("gone"))).unwrap();
+        assert!(prepared::spawn(&gone, &[], stdin(), false).is_err());
+        assert_eq!(std::env::current_dir().unwrap(), ours);
+
+        let p = prepared::Prepared::new("/nonexistent/program", &["x".to_string()], None).unwrap();
+        let e = prepared::spawn(&p, &[], stdin(), false)
+            .err()
+            .expect("ENOENT");
+        assert_eq!(e.raw_os_error(), Some(nix::libc::ENOENT), "{e}");
     }
 
     /// The kernel takes exactly what [`arg_limit::ArgLimit`] says fits, and refuses one byte

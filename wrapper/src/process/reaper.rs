@@ -6,8 +6,8 @@
 //! `tokio::process` steals the exit statuses tokio waits for (both wait, only one gets the
 //! status). So the wrapper owns all spawning and all reaping itself:
 //!
-//! - every process is started by [`super::spawn`], which registers its pid in
-//!   [`Table`] while holding the table's lock across `fork/exec` (so a child that exits at once
+//! - every process is started by [`super::spawn`] (or [`super::prepared::spawn`]), which
+//!   registers its pid in [`Table`] while holding the table's lock across `fork/exec` (so a child that exits at once
 //!   cannot be reaped before it is registered, and std's own `waitpid(pid)` on a failed exec
 //!   cannot race with us);
 //! - one task here calls `waitpid(-1, WNOHANG)` until nothing is left after each SIGCHLD
@@ -69,10 +69,10 @@ pub struct Reaped {
     pub max_rss_kib: u64,
 }
 
-/// The processes whose exit somebody waits for, by pid, with their std `Child` (kept only to
-/// be reaped through: std never waits for it).
+/// The processes whose exit somebody waits for, by pid, with their std `Child` when std
+/// spawned them (kept only to be reaped through: std never waits for it).
 pub struct Table {
-    waiting: BTreeMap<i32, (oneshot::Sender<Reaped>, Child)>,
+    waiting: BTreeMap<i32, (oneshot::Sender<Reaped>, Option<Child>)>,
 }
 
 static TABLE: Mutex<Table> = Mutex::new(Table {
@@ -94,7 +94,14 @@ impl Table {
     /// Registers `child`; the receiver gets its exit status once it is reaped.
     pub fn register(&mut self, child: Child) -> oneshot::Receiver<Reaped> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.insert(child.id() as i32, (tx, child));
+        self.waiting.insert(child.id() as i32, (tx, Some(child)));
+        rx
+    }
+
+    /// Registers `pid`, spawned without std: reaped by pid, without its rusage.
+    pub fn register_pid(&mut self, pid: i32) -> oneshot::Receiver<Reaped> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.insert(pid, (tx, None));
         rx
     }
 
@@ -107,12 +114,18 @@ impl Table {
     /// waiter.
     fn reap(&mut self, pid: Pid, exit: Exit) {
         match self.waiting.remove(&pid.as_raw()) {
-            Some((tx, mut child)) => {
+            Some((tx, child)) => {
                 // A zombie: wait4 returns at once, with its rusage. Linux reports KiB.
-                let max_rss_kib = match child.wait4() {
-                    Ok(used) => used.rusage.maxrss / 1024,
-                    Err(e) => {
+                let max_rss_kib = match child.map(|mut c| c.wait4()) {
+                    Some(Ok(used)) => used.rusage.maxrss / 1024,
+                    Some(Err(e)) => {
                         tracing::warn!(pid = pid.as_raw(), error = %e, "wait4 failed");
+                        let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                        0
+                    }
+                    // Spawned without std (`super::prepared`): no safe binding takes wait4 by
+                    // pid, so no rusage. Nobody reports this one's peak RSS.
+                    None => {
                         let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
                         0
                     }
