@@ -671,18 +671,7 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
     } else {
         return Err(REDIS_FORMS.to_string());
     };
-    // The credentials end at the last `@` (as the URL parser redis-rs uses reads them, and as
-    // [`redact`] cuts them off); a `/ ? #` before it would end the authority early and leave
-    // the rest of the password in the host or the path.
-    let (userinfo, location) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
-        return Err(format!(
-            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
-        ));
-    }
+    let (_, location) = split_userinfo(rest)?;
     if location.contains('#') {
         // redis-rs reads `#insecure` as "do not verify the certificate": never from here.
         return Err(format!("a fragment (#…) is not allowed: {REDIS_FORMS}"));
@@ -721,15 +710,7 @@ pub fn parse_redis_url(url: &str) -> Result<RedisUrl, String> {
 /// sentinels' addresses as a list): the credentials and the database are the master's, the
 /// sentinels are asked without them.
 fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
-    let (userinfo, location) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
-        return Err(format!(
-            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
-        ));
-    }
+    let (userinfo, location) = split_userinfo(rest)?;
     if location.contains(['?', '#']) {
         return Err(format!(
             "no query (?…) or fragment (#…) in a sentinel URL: {REDIS_FORMS}"
@@ -770,6 +751,23 @@ fn parse_sentinel_url(url: &str, rest: &str) -> Result<RedisUrl, String> {
     })
 }
 
+/// What follows `scheme://`, split into the credentials and the rest. The credentials end at the
+/// last `@` (as the URL parser redis-rs uses reads them, and as [`redact`] cuts them off); a
+/// `/ ? #` before it would end the authority early and leave the rest of the password in the
+/// host or the path, so it is refused.
+fn split_userinfo(rest: &str) -> Result<(Option<&str>, &str), String> {
+    let (userinfo, location) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+        return Err(format!(
+            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
+        ));
+    }
+    Ok((userinfo, location))
+}
+
 /// `host[:port][,host[:port]…]`: `what` (a sentinel, a node) names the part in the error.
 fn parse_nodes(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(String, u16)>, String> {
     let mut nodes = Vec::new();
@@ -793,15 +791,7 @@ fn parse_nodes(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(String
 /// `rediss+cluster://` with TLS. Any node will do: the consumer asks it which master serves
 /// the stream's hash slot. A cluster has only database 0.
 fn parse_cluster_url(url: &str, rest: &str, tls: bool) -> Result<RedisUrl, String> {
-    let (userinfo, location) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
-        return Err(format!(
-            "the user name or password holds a raw / ? or #: percent-encode them (%2F %3F %23): {REDIS_FORMS}"
-        ));
-    }
+    let (userinfo, location) = split_userinfo(rest)?;
     if location.contains(['?', '#']) {
         return Err(format!(
             "no query (?…) or fragment (#…) in a cluster URL: {REDIS_FORMS}"
