@@ -9,6 +9,7 @@
 //!   gzip'ed as they arrive and in the registry before `complete`, nothing is compressed after
 //!   it, and the manifest is the very one the after-complete pass writes (the same compressor,
 //!   the same bytes); the layers pulled back decompress to their diff_ids;
+//! - such a layer whose bytes do not match the config's diff_id: `failed` naming it, no tag;
 //! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
 //! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
 //!   unreferenced blobs;
@@ -411,6 +412,51 @@ fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() 
         "{s}\n{today}"
     );
     assert_eq!(push["bytes"], today["push"]["bytes"], "{s}\n{today}");
+}
+
+/// A classic layer gzip'ed and pushed while it arrived whose bytes do not hash to the
+/// config's diff_id (one byte changed in the archive, whose SHA-256 is then the upload's
+/// own): the check after `complete` fails the upload naming the layer, with no manifest and no
+/// tag; the gzip'ed blob stays unreferenced.
+#[test]
+fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let mut data = classic_archive(&image);
+    let first = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let e = tar.entries().unwrap().next().unwrap().unwrap();
+        e.raw_file_position() as usize
+    };
+    data[first + 1000] ^= 0xff;
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = "runr-uploads/platform/docker-gzip-damaged";
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let tail = after_large_blobs(&data);
+    put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let large = large(&image).len();
+    r.wait_status("the follower to gzip and push the large layers", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large as u64
+    });
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "failed", "{s}\n{}", r.log());
+    let message = s["message"].as_str().unwrap();
+    assert!(
+        message.contains("does not match its diff_id") && message.contains(&image.layers[0].digest),
+        "{s}"
+    );
+    assert!(!has_manifest(&reg, repo, "1"), "a tag after a mismatch");
+    let gzipped = gzipped_while_arriving(&r.log());
+    assert_eq!(gzipped.len(), large, "{}", r.log());
+    for (name, digest) in &gzipped {
+        assert!(has_blob(&reg, repo, digest), "{name} {digest}");
+    }
 }
 
 #[test]

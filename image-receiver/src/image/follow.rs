@@ -52,6 +52,9 @@ use crate::progress::Progress;
 /// and the JSON documents of an archive (configs, manifests, indexes) are all below it.
 pub const STREAM_MIN: u64 = 1 << 20;
 
+/// Classic layers gzip'ed at once (the follower's and the pass's together).
+const GZIP_CONCURRENCY: usize = 1;
+
 /// What one claim of a blob by the pass found.
 #[derive(Debug)]
 pub enum Claim {
@@ -107,10 +110,20 @@ impl Claims {
 }
 
 /// Which blobs of this generation of the upload the follower took, shared with the pass.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Streamed {
     prefix: Arc<Prefix>,
     claims: Mutex<Claims>,
+    /// Classic layers gzip'ed at once, by the follower and the pass together: each compression
+    /// takes both cores and holds its buffers, so one that overlaps the pass's would only add
+    /// memory (64 concurrent chunks then the push went past 64 MiB RSS).
+    gzip: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Streamed {
+    fn default() -> Streamed {
+        Streamed::new(Arc::default())
+    }
 }
 
 impl Streamed {
@@ -119,7 +132,17 @@ impl Streamed {
         Streamed {
             prefix,
             claims: Mutex::default(),
+            gzip: Arc::new(tokio::sync::Semaphore::new(GZIP_CONCURRENCY)),
         }
+    }
+
+    /// Waits for a turn to gzip a classic layer (see [`Streamed::gzip`]).
+    pub async fn gzip_turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.gzip
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Claims> {
@@ -308,6 +331,17 @@ async fn follow_generation(
         let prefix = prefix.clone();
         let streamed = opts.streamed.clone();
         pushes.spawn(async move {
+            let _gzip = match job.kind {
+                JobKind::Gzip => Some(streamed.gzip_turn().await),
+                _ => None,
+            };
+            if job.kind == JobKind::Gzip && prefix.is_closed(generation) {
+                // Its turn came after `complete` began: the pass gzip's it (the follower
+                // starts nothing new then).
+                done.send_replace(Some(false));
+                drop(permit);
+                return;
+            }
             let pushed = match job.kind {
                 JobKind::Named => p
                     .push_following(

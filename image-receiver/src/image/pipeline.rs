@@ -519,6 +519,8 @@ async fn push_docker_layer(
     } else if compress == Compress::Gzip {
         tracing::info!(layer = %layer.name, "gzip'ing layer after complete");
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
+        // After a layer the follower is still gzip'ing, not beside it.
+        let turn = pass.streamed.gzip_turn().await;
         let (packed, size, digest) = {
             let file = file.clone();
             let span = layer.span;
@@ -532,6 +534,7 @@ async fn push_docker_layer(
             .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))?
             .map_err(|e| PushError::Content(e.to_string()))?
         };
+        drop(turn);
         drop(permit);
         pusher.progress().add_bytes(size);
         pusher
