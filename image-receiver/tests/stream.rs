@@ -9,6 +9,7 @@
 //!   gzip'ed as they arrive and in the registry before `complete`, nothing is compressed after
 //!   it, and the manifest is the very one the after-complete pass writes (the same compressor,
 //!   the same bytes); the layers pulled back decompress to their diff_ids;
+//! - a receiver killed while such a layer streams: gzip'ed again from byte 0 after the restart;
 //! - such a layer whose bytes do not match the config's diff_id: `failed` naming it, no tag;
 //! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
 //! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
@@ -557,6 +558,42 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_whole(&reg, repo, &image);
+}
+
+/// The same with a classic layer the follower gzip's (the default `gzip`), killed part way
+/// through its chunked upload: the restarted receiver gzip's it again from byte 0 and the
+/// image is whole.
+#[test]
+fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = classic_archive(&image);
+    let work = tempfile::tempdir().unwrap();
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/killed-gzip";
+    let mut r = receiver(work.path(), &reg, repo, &data, &[]);
+    let at = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let e = tar.entries().unwrap().next().unwrap().unwrap();
+        e.raw_file_position() as usize
+    };
+    // All but the layer's last 512 bytes: its first members are sent (a member goes once the
+    // compressor read two blocks further and the next member came), its upload not committed.
+    let upto = (at + image.layers[0].data.len() - 1) / CHUNK;
+    assert!(upto * CHUNK < at + image.layers[0].data.len());
+    put_range(&r, &data, 0..upto);
+    r.wait_status("the first layer to stream", |s| {
+        s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+    });
+    r.kill9();
+    r.restart();
+    put_range(&r, &data, upto..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_gzipped(&reg, repo, &image);
 }
 
 #[test]
