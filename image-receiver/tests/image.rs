@@ -520,6 +520,66 @@ fn a_gzip_archive_of_eight_times_its_size_through_the_chunk_api_needs_its_size_o
     assert!(rss <= 64 * 1024, "peak RSS {rss} KiB");
 }
 
+/// The 8× tar itself ([`eight_times`]: a classic archive, its 80 MiB layer uncompressed)
+/// through the real receiver in 8 MiB chunks in order, with the default
+/// `RUNR_UPLOAD_COMPRESS=gzip`: the follower gzip's the layer as it arrives, so
+/// `RUNR_UPLOAD_DIR` never holds more than the upload's size plus 1 MiB (no compressed copy),
+/// nothing is compressed after `complete`, and the peak RSS stays within 64 MiB.
+#[test]
+fn a_classic_tar_gzipped_as_it_arrives_needs_its_size_on_disk() {
+    let reg = Registry::start();
+    let (tar, _) = eight_times();
+    let data = std::fs::read(tar).unwrap();
+    let c = case(&reg, "runr-uploads/platform/e2e-eight-tar", "v1");
+    let dir = c.work.path().join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let r = crate::harness::Receiver::for_data(
+        &dir,
+        &data,
+        &[
+            ("RUNR_UPLOAD_TARGET", c.target.as_str()),
+            ("RUNR_UPLOAD_FILENAME", "big.tar"),
+        ],
+    );
+    let disk = DiskPeak::watch(&dir, &r.pid().to_string());
+    // Up to the layer's end, then the small documents once it is pushed: the follower leaves
+    // to the pass what it reaches only when the whole file is there.
+    let tail = crate::stream::after_large_blobs(&data);
+    let chunk = 8 << 20;
+    for start in (0..tail).step_by(chunk) {
+        let stop = (start + chunk).min(tail);
+        assert_eq!(r.put(start as u64, &data[start..stop]).0, 200);
+    }
+    r.wait_status("the follower to push the layer", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= 1
+    });
+    assert_eq!(r.put(tail as u64, &data[tail..]).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to finish", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    let disk = disk.peak();
+    let rss = r.peak_rss_kib();
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(verify_pulled(&reg, &c, false), 1);
+    let log = r.log();
+    assert_eq!(
+        crate::stream::gzipped_while_arriving(&log).len(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("gzip'ing layer after complete"), "{log}");
+    let size = data.len() as u64;
+    eprintln!(
+        "upload of {size} bytes: at most {disk} bytes in RUNR_UPLOAD_DIR, peak RSS {rss} KiB"
+    );
+    assert!(
+        disk <= size + (1 << 20),
+        "{disk} bytes for an upload of {size}"
+    );
+    assert!(rss <= 64 * 1024, "peak RSS {rss} KiB");
+}
+
 /// `docker save … | xz` and `| zstd` (Debian's xz-utils and zstd, tests/fixtures/make.sh): the
 /// tar inside is pushed exactly as the tar itself would be, concatenated streams and frames
 /// included; other compressions, a second layer and windows beyond the bounds fail naming what

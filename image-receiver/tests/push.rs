@@ -12,7 +12,9 @@
 //! - a receiver killed with SIGKILL in the middle of a blob: the restarted one resumes the push,
 //!   and what the registry has already costs a HEAD;
 //! - a registry restarted while the follower streams a blob before `complete`: that blob again
-//!   from its first byte, in the registry before `complete`.
+//!   from its first byte, in the registry before `complete`; so too for a classic layer the
+//!   follower gzip's as it arrives (a chunked upload: the proxy holds one of its `PATCH`es),
+//!   gzip'ed again into the same digest.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -154,7 +156,11 @@ fn forward(mut client: TcpStream, upstream: SocketAddr, state: &ProxyState) -> s
     }
     forwarded.push_str("Connection: close\r\n\r\n");
     up.write_all(forwarded.as_bytes())?;
-    let held = request_line.starts_with("PUT ") && length >= BIG as u64 && {
+    // A PATCH is a piece of a chunked upload (a layer gzip'ed as it arrives): one larger than
+    // what passes before the hold is the middle of a blob.
+    let large = (request_line.starts_with("PUT ") && length >= BIG as u64)
+        || (request_line.starts_with("PATCH ") && length > HOLD_AT);
+    let held = large && {
         let mut hold = state.hold.lock().unwrap();
         (*hold == Hold::Armed)
             .then(|| *hold = Hold::Holding)
@@ -508,4 +514,69 @@ fn a_registry_restarted_while_a_blob_streams_before_complete_gets_it_again() {
     // Pushed once more, it would have been a second PUT after the retry's.
     assert_eq!(proxy.count("PUT", &big), 2);
     pulled_whole(&reg, &image);
+}
+
+/// The same cut while the follower gzip's a classic layer as it arrives (the default
+/// `RUNR_UPLOAD_COMPRESS=gzip`), in the middle of one of its `PATCH`es: that layer's upload
+/// starts again from its first byte, gzip'ed again into the same bytes; it is in the registry
+/// before `complete`, and nothing is compressed after it.
+#[test]
+fn a_registry_restarted_while_a_layer_is_gzipped_before_complete_gets_it_again() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start();
+    let proxy = HoldingProxy::start(reg.addr());
+    let image = image();
+    let data = crate::stream::classic_archive(&image);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let target = format!("{}/{REPO}:1", proxy.addr);
+    let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_TARGET", target.as_str())]);
+    let (name, end) = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let big = tar
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .find(|e| e.size() >= BIG as u64)
+            .expect("the big layer");
+        let name = String::from_utf8(big.path_bytes().into_owned()).unwrap();
+        (name, (big.raw_file_position() + big.size()) as usize)
+    };
+    for start in (0..end).step_by(8 << 20) {
+        let stop = (start + (8 << 20)).min(end);
+        assert_eq!(r.put(start as u64, &data[start..stop]).0, 200);
+    }
+    proxy.wait_held();
+    reg.stop();
+    reg.restart();
+    proxy.release();
+    let s = r.wait_status("the big layer to be pushed again", |s| {
+        s["push"]["blobs_pushed"] == 1
+    });
+    assert_eq!(s["status"], "receiving", "{s}");
+    let log = r.log();
+    let retried: Vec<&str> = log.lines().filter(|l| l.contains("retrying")).collect();
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert!(retried[0].contains(&name), "{retried:?}");
+    let gzipped = crate::stream::gzipped_while_arriving(&log);
+    assert_eq!(gzipped.len(), 1, "{log}");
+    let (_, digest) = &gzipped[0];
+    // The first upload was never committed: one PUT ?digest=, the retry's.
+    assert_eq!(proxy.count("PUT", digest), 1);
+    assert_eq!(r.put(end as u64, &data[end..]).0, 200);
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let log = r.log();
+    // The three small layers only.
+    assert_eq!(
+        log.matches("gzip'ing layer after complete").count(),
+        3,
+        "{log}"
+    );
+    assert_eq!(proxy.count("PUT", digest), 1);
+    crate::stream::pulled_gzipped(&reg, REPO, &image);
 }

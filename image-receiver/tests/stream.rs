@@ -5,6 +5,12 @@
 //!   large blobs are in the registry before `POST /complete`, no tag or manifest is, and the
 //!   image pushed is the very one the after-complete pass pushes for the same file sent last
 //!   chunk first;
+//! - in order, a classic archive with the default `RUNR_UPLOAD_COMPRESS=gzip`: its layers are
+//!   gzip'ed as they arrive and in the registry before `complete`, nothing is compressed after
+//!   it, and the manifest is the very one the after-complete pass writes (the same compressor,
+//!   the same bytes); the layers pulled back decompress to their diff_ids;
+//! - a receiver killed while such a layer streams: gzip'ed again from byte 0 after the restart;
+//! - such a layer whose bytes do not match the config's diff_id: `failed` naming it, no tag;
 //! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
 //! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
 //!   unreferenced blobs;
@@ -65,7 +71,7 @@ fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
 
 /// A classic `docker save` archive written the way Docker ≤ 24 orders it: each layer as
 /// `<id>/layer.tar`, then the config, then `manifest.json` last.
-fn classic_archive(image: &TestImage) -> Vec<u8> {
+pub(crate) fn classic_archive(image: &TestImage) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     let mut add = |name: &str, data: &[u8]| {
         let mut h = tar::Header::new_ustar();
@@ -142,7 +148,7 @@ fn has_manifest(reg: &Registry, repo: &str, reference: &str) -> bool {
 /// Where the last entry of at least 1 MiB ends in the tar `data`: the bytes after it (small
 /// entries, the end blocks) are what an in-order upload still has to send once every large
 /// blob arrived.
-fn after_large_blobs(data: &[u8]) -> usize {
+pub(crate) fn after_large_blobs(data: &[u8]) -> usize {
     let mut tar = tar::Archive::new(data);
     let mut end = 0;
     for entry in tar.entries().unwrap() {
@@ -280,6 +286,180 @@ fn a_classic_archive_in_order_is_in_the_registry_before_complete() {
     );
 }
 
+/// The `(layer name, digest)` of every layer the follower gzip'ed, from its log.
+pub(crate) fn gzipped_while_arriving(log: &str) -> Vec<(String, String)> {
+    log.lines()
+        .filter(|l| l.contains("layer gzip'ed while the upload arrives"))
+        .map(|l| {
+            let field = |k: &str| {
+                let at = l
+                    .find(&format!(" {k}="))
+                    .unwrap_or_else(|| panic!("{k} in {l}"));
+                let v = &l[at + k.len() + 2..];
+                v.split_whitespace()
+                    .next()
+                    .unwrap()
+                    .trim_matches('"')
+                    .to_string()
+            };
+            (field("layer"), field("digest"))
+        })
+        .collect()
+}
+
+/// skopeo pulls the tag back: every gzip'ed layer decompresses to its diff_id (the image's
+/// uncompressed layer), the config byte for byte.
+pub(crate) fn pulled_gzipped(reg: &Registry, repo: &str, image: &TestImage) {
+    let out = tempfile::tempdir().unwrap();
+    let got = skopeo_output(&[
+        "copy",
+        "--retry-times",
+        "0",
+        "--src-tls-verify=false",
+        &format!("docker://{}/{repo}:1", reg.host()),
+        &format!("dir:{}", out.path().display()),
+    ]);
+    assert!(got.success(), "{got:?}");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("manifest.json")).unwrap()).unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), image.layers.len(), "{manifest}");
+    for (l, want) in layers.iter().zip(&image.layers) {
+        assert_eq!(
+            l["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip",
+            "{manifest}"
+        );
+        let hex = l["digest"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("sha256:")
+            .unwrap();
+        let blob = std::fs::read(out.path().join(hex)).unwrap();
+        assert_eq!(blob.len() as u64, l["size"].as_u64().unwrap());
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&blob[..]), &mut raw)
+            .unwrap();
+        assert!(
+            raw == want.data,
+            "{} does not decompress to {}",
+            l["digest"],
+            want.digest
+        );
+    }
+    let config = std::fs::read(
+        out.path()
+            .join(image.config.digest.strip_prefix("sha256:").unwrap()),
+    )
+    .unwrap();
+    assert!(config == image.config.data);
+}
+
+#[test]
+fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = classic_archive(&image);
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = "runr-uploads/platform/docker-gzip-stream";
+    // The default RUNR_UPLOAD_COMPRESS: gzip.
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let tail = after_large_blobs(&data);
+    put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let large = large(&image).len();
+    let s = r.wait_status("the follower to gzip and push the large layers", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large as u64
+    });
+    assert_eq!(s["status"], "receiving", "{s}");
+    let gzipped = gzipped_while_arriving(&r.log());
+    assert_eq!(gzipped.len(), large, "{}", r.log());
+    for (name, digest) in &gzipped {
+        assert!(name.ends_with("/layer.tar"), "{name}");
+        assert!(
+            has_blob(&reg, repo, digest),
+            "{name} ({digest}) is not in the registry before complete"
+        );
+    }
+    assert!(!has_manifest(&reg, repo, "1"), "a tag before complete");
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let log = r.log();
+    // After complete only the small layer is gzip'ed (below the follower's 1 MiB).
+    assert_eq!(
+        log.matches("gzip'ing layer after complete").count(),
+        image.layers.len() - large,
+        "{log}"
+    );
+    let push = &s["push"];
+    assert_eq!(push["blobs"], image.blobs().len() as u64, "{s}");
+    assert_eq!(push["blobs_pushed"], push["blobs"], "{s}");
+    assert_eq!(push["bytes_pushed"], push["bytes"], "{s}");
+    pulled_gzipped(&reg, repo, &image);
+    // Today's path (every layer gzip'ed after complete) writes the same manifest.
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        "runr-uploads/platform/docker-gzip-pass",
+        &data,
+        &[],
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
+    assert_eq!(push["bytes"], today["push"]["bytes"], "{s}\n{today}");
+}
+
+/// A classic layer gzip'ed and pushed while it arrived whose bytes do not hash to the
+/// config's diff_id (one byte changed in the archive, whose SHA-256 is then the upload's
+/// own): the check after `complete` fails the upload naming the layer, with no manifest and no
+/// tag; the gzip'ed blob stays unreferenced.
+#[test]
+fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let mut data = classic_archive(&image);
+    let first = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let e = tar.entries().unwrap().next().unwrap().unwrap();
+        e.raw_file_position() as usize
+    };
+    data[first + 1000] ^= 0xff;
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = "runr-uploads/platform/docker-gzip-damaged";
+    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let tail = after_large_blobs(&data);
+    put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let large = large(&image).len();
+    r.wait_status("the follower to gzip and push the large layers", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large as u64
+    });
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "failed", "{s}\n{}", r.log());
+    let message = s["message"].as_str().unwrap();
+    assert!(
+        message.contains("does not match its diff_id") && message.contains(&image.layers[0].digest),
+        "{s}"
+    );
+    assert!(!has_manifest(&reg, repo, "1"), "a tag after a mismatch");
+    let gzipped = gzipped_while_arriving(&r.log());
+    assert_eq!(gzipped.len(), large, "{}", r.log());
+    for (name, digest) in &gzipped {
+        assert!(has_blob(&reg, repo, digest), "{name} {digest}");
+    }
+}
+
 #[test]
 fn a_whole_gzip_archive_is_pushed_after_complete() {
     if !tools() {
@@ -378,6 +558,42 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_whole(&reg, repo, &image);
+}
+
+/// The same with a classic layer the follower gzip's (the default `gzip`), killed part way
+/// through its chunked upload: the restarted receiver gzip's it again from byte 0 and the
+/// image is whole.
+#[test]
+fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = classic_archive(&image);
+    let work = tempfile::tempdir().unwrap();
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/killed-gzip";
+    let mut r = receiver(work.path(), &reg, repo, &data, &[]);
+    let at = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let e = tar.entries().unwrap().next().unwrap().unwrap();
+        e.raw_file_position() as usize
+    };
+    // All but the layer's last 512 bytes: its first members are sent (a member goes once the
+    // compressor read two blocks further and the next member came), its upload not committed.
+    let upto = (at + image.layers[0].data.len() - 1) / CHUNK;
+    assert!(upto * CHUNK < at + image.layers[0].data.len());
+    put_range(&r, &data, 0..upto);
+    r.wait_status("the first layer to stream", |s| {
+        s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+    });
+    r.kill9();
+    r.restart();
+    put_range(&r, &data, upto..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_gzipped(&reg, repo, &image);
 }
 
 #[test]

@@ -111,6 +111,10 @@ pub fn compress_layer(
     Ok((Arc::new(out), len, packed.finish()))
 }
 
+/// `(diff_id, digest, size)`: an uncompressed layer's digest, and the digest and size of the
+/// blob [`gzip_blocks`] makes of it.
+pub type Made = (String, String, u64);
+
 /// What [`gzip_blocks`] makes of a layer, without keeping it: `(diff_id, digest, size)` of the
 /// gzip'ed blob (the same bytes every time: a second run streams them into the registry under
 /// this digest).

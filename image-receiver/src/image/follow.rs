@@ -11,11 +11,18 @@
 //!   stream hashes what it sends and fails before the commit when the bytes do not match;
 //! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`] bytes, with
 //!   `RUNR_UPLOAD_COMPRESS=none`: its digest is known only at its end, so it is hashed once the
-//!   prefix holds it whole, then pushed.
+//!   prefix holds it whole, then pushed;
+//! - the same layer with `RUNR_UPLOAD_COMPRESS=gzip` (uncompressed in the archive): gzip'ed as
+//!   the prefix grows ([`compress::gzip_blocks`], the pass's own compressor) and sent in a
+//!   chunked upload, whose `PUT ?digest=` at the layer's end names the digest the stream
+//!   worked out. The follower cannot know its diff_id (the config, and `manifest.json`, come
+//!   after the layers): it records what the layer made ([`Streamed::made`], under
+//!   [`gzip_key`]), and the pass checks that diff_id against the config before any manifest
+//!   names the blob.
 //!
 //! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
 //! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
-//! classic layers to gzip, and every blob whose header the walk reaches only once the whole file
+//! classic layers that are gzip'ed already (checked against their diff_id first), and every blob whose header the walk reaches only once the whole file
 //! is there (chunks sent out of order, a last chunk first): then `complete` is next, and hashing
 //! or pushing beside the pass would only compete with it. Nothing the follower does is visible: it pushes blobs only, never a manifest
 //! or a tag; those come after `complete` verified the file, and a file that fails verification
@@ -44,6 +51,9 @@ use crate::progress::Progress;
 /// Blobs below this size are left to the after-complete pass: their push is one short request,
 /// and the JSON documents of an archive (configs, manifests, indexes) are all below it.
 pub const STREAM_MIN: u64 = 1 << 20;
+
+/// Classic layers gzip'ed at once (the follower's and the pass's together).
+const GZIP_CONCURRENCY: usize = 1;
 
 /// What one claim of a blob by the pass found.
 #[derive(Debug)]
@@ -82,6 +92,8 @@ struct Claims {
     started: bool,
     follower: HashMap<String, watch::Receiver<Option<bool>>>,
     pass: HashSet<String>,
+    /// What the classic layers the follower gzip'ed made, by [`gzip_key`].
+    made: HashMap<String, compress::Made>,
 }
 
 impl Claims {
@@ -98,10 +110,20 @@ impl Claims {
 }
 
 /// Which blobs of this generation of the upload the follower took, shared with the pass.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Streamed {
     prefix: Arc<Prefix>,
     claims: Mutex<Claims>,
+    /// Classic layers gzip'ed at once, by the follower and the pass together: each compression
+    /// takes both cores and holds its buffers, so one that overlaps the pass's would only add
+    /// memory (64 concurrent chunks then the push went past 64 MiB RSS).
+    gzip: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Streamed {
+    fn default() -> Streamed {
+        Streamed::new(Arc::default())
+    }
 }
 
 impl Streamed {
@@ -110,7 +132,17 @@ impl Streamed {
         Streamed {
             prefix,
             claims: Mutex::default(),
+            gzip: Arc::new(tokio::sync::Semaphore::new(GZIP_CONCURRENCY)),
         }
+    }
+
+    /// Waits for a turn to gzip a classic layer (see [`Streamed::gzip`]).
+    pub async fn gzip_turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.gzip
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Claims> {
@@ -148,6 +180,23 @@ impl Streamed {
         Claim::Mine
     }
 
+    /// What gzip'ing the layer under `key` ([`gzip_key`]) made, when the follower of
+    /// `generation` pushed it (its claim said so).
+    pub fn made(&self, generation: u64, key: &str) -> Option<compress::Made> {
+        let mut claims = self.lock();
+        if !claims.sync(generation) {
+            return None;
+        }
+        claims.made.get(key).cloned()
+    }
+
+    fn record(&self, generation: u64, key: &str, made: compress::Made) {
+        let mut claims = self.lock();
+        if claims.sync(generation) {
+            claims.made.insert(key.to_string(), made);
+        }
+    }
+
     /// The follower of `generation` takes `digest` of `size` bytes and counts it, unless it is
     /// taken (or the generation is over); the sender says how its push ended.
     fn take(
@@ -176,12 +225,30 @@ impl Streamed {
     }
 }
 
+/// The claim of the uncompressed classic layer at `span` when it is gzip'ed: its digest is
+/// known only once it is compressed, its place in the archive from its header on.
+pub fn gzip_key(span: Span) -> String {
+    format!("gzip:{}+{}", span.offset, span.len)
+}
+
 /// A blob the walker found.
 struct Job {
+    /// Its digest, or its [`gzip_key`].
     digest: String,
     span: Span,
-    /// Still arriving (pushed as the prefix grows), or whole in the file and hashed.
-    streamed: bool,
+    kind: JobKind,
+    /// Its name in the archive, for messages.
+    name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    /// Its digest is its name: pushed as the prefix grows.
+    Named,
+    /// Whole in the file and hashed.
+    Hashed,
+    /// Uncompressed, gzip'ed and pushed as the prefix grows.
+    Gzip,
 }
 
 /// Follows the upload in `file` (of `size` bytes) for as long as the receiver runs: one walk
@@ -222,9 +289,15 @@ async fn follow_generation(
     let mut pushes = tokio::task::JoinSet::new();
     let mut pusher: Option<Arc<Pusher>> = None;
     while let Some(job) = jobs.recv().await {
+        // A layer to gzip counts its bytes once they are known (compressed).
+        let counted = if job.kind == JobKind::Gzip {
+            0
+        } else {
+            job.span.len
+        };
         let Some(done) = opts
             .streamed
-            .take(generation, &job.digest, job.span.len, &opts.progress)
+            .take(generation, &job.digest, counted, &opts.progress)
         else {
             continue;
         };
@@ -256,20 +329,42 @@ async fn follow_generation(
             .expect("the semaphore is never closed");
         let file = file.clone();
         let prefix = prefix.clone();
+        let streamed = opts.streamed.clone();
         pushes.spawn(async move {
-            let pushed = if job.streamed {
-                p.push_following(
-                    &Source::File(file),
-                    job.span,
-                    &job.digest,
-                    "blob",
-                    (prefix, generation),
-                )
+            let _gzip = match job.kind {
+                JobKind::Gzip => Some(streamed.gzip_turn().await),
+                _ => None,
+            };
+            if job.kind == JobKind::Gzip && prefix.is_closed(generation) {
+                // Its turn came after `complete` began: the pass gzip's it (the follower
+                // starts nothing new then).
+                done.send_replace(Some(false));
+                drop(permit);
+                return;
+            }
+            let pushed = match job.kind {
+                JobKind::Named => p
+                    .push_following(
+                        &Source::File(file),
+                        job.span,
+                        &job.digest,
+                        "blob",
+                        (prefix, generation),
+                    )
                     .await
-            } else {
+                    .map(|_| ()),
                 // Hashed by the walker from bytes that never change: no second hash.
-                p.push_own_file(&Source::File(file), job.span, &job.digest, "layer")
+                JobKind::Hashed => p
+                    .push_own_file(&Source::File(file), job.span, &job.digest, "layer")
                     .await
+                    .map(|_| ()),
+                JobKind::Gzip => p
+                    .push_gzipping_following(&file, job.span, &job.name, (prefix, generation))
+                    .await
+                    .map(|made| {
+                        tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, "layer gzip'ed while the upload arrives");
+                        streamed.record(generation, &job.digest, made);
+                    }),
             };
             match &pushed {
                 Ok(_) => tracing::info!(digest = %job.digest, "blob pushed while the upload arrives"),
@@ -350,28 +445,43 @@ fn walk_tar(
             Job {
                 digest: format!("sha256:{hex}"),
                 span,
-                streamed: true,
+                kind: JobKind::Named,
+                name: name.to_string(),
             }
-        } else if compress == Compress::None && name.ends_with(".tar") {
-            prefix
-                .wait(generation, span.offset + span.len)
-                .map_err(gone)?;
-            if prefix.is_closed(generation) {
-                return Err("complete began".into());
-            }
+        } else if name.ends_with(".tar") && !name.starts_with("blobs/") {
             let mut magic = [0u8; 6];
+            prefix
+                .wait(generation, span.offset + magic.len() as u64)
+                .map_err(gone)?;
             file.read_exact_at(&mut magic, span.offset)
                 .map_err(|e| e.to_string())?;
             if compress::recognise(&magic).is_some() {
                 // Compressed already: the pass checks it against its diff_id first.
                 continue;
             }
-            let mut reader = SpanReader::hashing(file.clone(), span);
-            reader.consume().map_err(|e| e.to_string())?;
-            Job {
-                digest: reader.digest().expect("a hashing reader"),
-                span,
-                streamed: false,
+            match compress {
+                Compress::None => {
+                    prefix
+                        .wait(generation, span.offset + span.len)
+                        .map_err(gone)?;
+                    if prefix.is_closed(generation) {
+                        return Err("complete began".into());
+                    }
+                    let mut reader = SpanReader::hashing(file.clone(), span);
+                    reader.consume().map_err(|e| e.to_string())?;
+                    Job {
+                        digest: reader.digest().expect("a hashing reader"),
+                        span,
+                        kind: JobKind::Hashed,
+                        name: name.to_string(),
+                    }
+                }
+                Compress::Gzip => Job {
+                    digest: gzip_key(span),
+                    span,
+                    kind: JobKind::Gzip,
+                    name: name.to_string(),
+                },
             }
         } else {
             continue;

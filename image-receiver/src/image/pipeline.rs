@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::image::compress;
 pub use crate::image::compress::Compress;
-use crate::image::follow::{Claim, Streamed};
+use crate::image::follow::{gzip_key, Claim, Streamed};
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
@@ -317,6 +317,10 @@ async fn push_docker(
         if !l.gzipped && compress == Compress::None {
             // Pushed as it is, under its diff_id: the follower may have it.
             claims.push(Some(pass.claim(progress, &l.diff_id, l.span.len)));
+        } else if !l.gzipped && !file.is_packed() {
+            // To gzip: the follower may have done it as the upload arrived (its bytes are
+            // counted once known, compressed).
+            claims.push(Some(pass.claim(progress, &gzip_key(l.span), 0)));
         } else {
             // A layer gzip'ed here counts its bytes once they are known (compressed).
             progress.add_blob(if l.gzipped { l.span.len } else { 0 });
@@ -334,7 +338,10 @@ async fn push_docker(
     }
     // Compressing is the slow part and its result is not known before it is done: when the tag
     // already holds this very image (same config, every layer present), reuse its layers.
-    let needs_gzip = compress == Compress::Gzip && image.layers.iter().any(|l| !l.gzipped);
+    // Not when the follower took any of them: it is pushing them already, and counted them.
+    let needs_gzip = compress == Compress::Gzip
+        && image.layers.iter().any(|l| !l.gzipped)
+        && !claims.iter().flatten().any(Claim::counted);
     let reused = if needs_gzip {
         reusable_layers(pusher, &image).await?
     } else {
@@ -376,9 +383,10 @@ async fn push_docker(
                     let file = &file;
                     let cpu = &cpu;
                     async move {
-                        let v =
-                            push_docker_layer(pusher, c, file, l, known, compress, work_dir, cpu)
-                                .await?;
+                        let v = push_docker_layer(
+                            pusher, pass, c, file, l, known, compress, work_dir, cpu,
+                        )
+                        .await?;
                         Ok((i, v))
                     }
                     .boxed()
@@ -436,6 +444,7 @@ struct Known {
 #[allow(clippy::too_many_arguments)]
 async fn push_docker_layer(
     pusher: &Pusher,
+    pass: &Pass<'_>,
     claim: Option<Claim>,
     file: &Source,
     layer: &DockerLayer,
@@ -444,6 +453,11 @@ async fn push_docker_layer(
     work_dir: &Path,
     cpu: &tokio::sync::Semaphore,
 ) -> Result<Value, PushError> {
+    // With gzip the claim is of the gzip'ed layer (by its place), without of the layer itself.
+    let (gzip_claim, claim) = match compress {
+        Compress::Gzip => (claim, None),
+        Compress::None => (None, claim),
+    };
     let (media_type, digest, size) = if layer.gzipped {
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
@@ -490,8 +504,23 @@ async fn push_docker_layer(
             .push_gzipping(file, layer.span, &digest, size, &layer.name)
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
+    } else if let Some(made) = gzipped_by_follower(pass, gzip_claim, layer).await {
+        // Gzip'ed and pushed while the upload arrived: only its diff_id is left to check.
+        let (diff_id, digest, size) = made;
+        if diff_id != layer.diff_id {
+            let mismatch = compress::LayerError::DiffId {
+                name: layer.name.clone(),
+                diff_id: layer.diff_id.clone(),
+                actual: diff_id,
+            };
+            return Err(PushError::Content(mismatch.to_string()));
+        }
+        (media::OCI_LAYER_GZIP, digest, size)
     } else if compress == Compress::Gzip {
+        tracing::info!(layer = %layer.name, "gzip'ing layer after complete");
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
+        // After a layer the follower is still gzip'ing, not beside it.
+        let turn = pass.streamed.gzip_turn().await;
         let (packed, size, digest) = {
             let file = file.clone();
             let span = layer.span;
@@ -505,6 +534,7 @@ async fn push_docker_layer(
             .map_err(|e| PushError::Content(format!("compressing layer {}: {e}", layer.name)))?
             .map_err(|e| PushError::Content(e.to_string()))?
         };
+        drop(turn);
         drop(permit);
         pusher.progress().add_bytes(size);
         pusher
@@ -517,6 +547,21 @@ async fn push_docker_layer(
         (media::OCI_LAYER_TAR, layer.diff_id.clone(), layer.span.len)
     };
     Ok(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}))
+}
+
+/// What the follower made of the uncompressed `layer` it gzip'ed and pushed before `complete`
+/// (`(diff_id, digest, size)`); `None` when it did not (or its push failed): the pass gzip's
+/// it then.
+async fn gzipped_by_follower(
+    pass: &Pass<'_>,
+    claim: Option<Claim>,
+    layer: &DockerLayer,
+) -> Option<compress::Made> {
+    let claim = claim.filter(Claim::counted)?;
+    if !claim.pushed().await {
+        return None;
+    }
+    pass.streamed.made(pass.generation, &gzip_key(layer.span))
 }
 
 /// The layer descriptors of the manifest the tag holds, when it is this same image (same config

@@ -470,6 +470,68 @@ impl Pusher {
         }
     }
 
+    /// Pushes the uncompressed layer at `span` of `file` (still arriving: each block is read
+    /// once the prefix of `follow`'s generation holds it) gzip'ed on the way. Its digest is
+    /// known only at its end, so it goes as a chunked upload (`POST`, a `PATCH` per
+    /// [`PATCH_BYTES`], `PUT ?digest=`) and there is no HEAD first. A retry starts a new upload
+    /// and gzip's the layer again from its first byte: the same bytes ([`compress::gzip_blocks`]
+    /// depends on its input only), the same digest. Returns what the layer made.
+    pub async fn push_gzipping_following(
+        &self,
+        file: &Arc<std::fs::File>,
+        span: Span,
+        what: &str,
+        follow: Follow,
+    ) -> Result<compress::Made, PushError> {
+        tracing::info!(
+            what,
+            size = span.len,
+            "pushing layer, gzip'ed as the upload arrives"
+        );
+        let attempt = Arc::new(AtomicU64::new(0));
+        let made = Arc::new(Mutex::new(None));
+        let result = self
+            .retry(
+                &format!("pushing layer {what} gzip'ed as it arrives"),
+                || {
+                    self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                    let stream = gzip_following_stream(
+                        file.clone(),
+                        span,
+                        what.to_string(),
+                        follow.clone(),
+                        made.clone(),
+                        Sent {
+                            progress: self.progress.clone(),
+                            attempt: attempt.clone(),
+                        },
+                    );
+                    self.blobs.push_blob_stream_chunked(&self.target, stream)
+                },
+            )
+            .await;
+        let pushed = match result {
+            Ok(pushed) => pushed,
+            Err(e) => {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                return Err(e);
+            }
+        };
+        let made: Option<compress::Made> = made.lock().expect("made lock").take();
+        match made {
+            // What oci-client hashed on the way out is what the compressor hashed.
+            Some(made) if made.1 == pushed.blob_digest && made.2 == pushed.size => {
+                self.progress.add_bytes(made.2);
+                self.progress.blob_done();
+                Ok(made)
+            }
+            other => Err(PushError::Content(format!(
+                "layer {what}: the registry took {} ({} bytes), not what gzip'ing it made ({other:?})",
+                pushed.blob_digest, pushed.size
+            ))),
+        }
+    }
+
     /// Pushes a small blob held in memory (a config written here).
     pub async fn push_bytes(&self, data: Bytes, digest: &str, what: &str) -> Result<(), PushError> {
         let len = data.len() as u64;
@@ -638,6 +700,90 @@ fn span_stream(
                 Err(e) => Some((Err(stream_error(&format!("reading {what}: {e}"))), None)),
             }
         }
+    })
+}
+
+/// Compressed bytes per `PATCH` of a layer gzip'ed as it arrives (members are joined up to it,
+/// a member that does not compress is one `PATCH`): a member's size, so a layer in flight holds
+/// about what a monolithic push holds. 4 MiB (oci-client's own largest chunk) took the peak RSS
+/// of 64 concurrent chunks and the push past 64 MiB.
+const PATCH_BYTES: usize = 1 << 20;
+
+/// The request body of [`Pusher::push_gzipping_following`]: the gzip members of `span` of
+/// `file`, each read once the prefix holds it, joined into items of at most [`PATCH_BYTES`]
+/// (one `PATCH` each). At its end `made` holds `(diff_id, digest, size)`; a wait that ends (the
+/// upload reopened) or a failed read ends it with an error item, so the upload is never
+/// committed.
+fn gzip_following_stream(
+    file: Arc<std::fs::File>,
+    span: Span,
+    what: String,
+    (prefix, generation): Follow,
+    made: Arc<Mutex<Option<compress::Made>>>,
+    sent: Sent,
+) -> impl Stream<Item = Item> + Send + 'static {
+    use std::io::{Read as _, Seek as _};
+    // One item waiting besides the one being filled and the one in the request: bounded
+    // memory whatever the registry's pace.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(1);
+    tokio::task::spawn_blocking(move || {
+        let ended = || compress::LayerError::Io {
+            what: "sending".into(),
+            name: what.clone(),
+            source: std::io::Error::other("the request ended"),
+        };
+        let mut reader = crate::prefix::FollowReader::new(
+            file,
+            prefix,
+            generation,
+            span.offset.saturating_add(span.len),
+        );
+        let run = (|| -> Result<compress::Made, compress::LayerError> {
+            reader
+                .seek(std::io::SeekFrom::Start(span.offset))
+                .map_err(|e| compress::LayerError::Io {
+                    what: "reading the upload".into(),
+                    name: what.clone(),
+                    source: e,
+                })?;
+            let mut packed = runr_registry::Sha256Hasher::new();
+            let mut size = 0u64;
+            let mut item: Vec<u8> = Vec::new();
+            let diff_id =
+                compress::gzip_blocks((&mut reader).take(span.len), span.len, &what, |member| {
+                    packed.update(member);
+                    size += member.len() as u64;
+                    if !item.is_empty() && item.len() + member.len() > PATCH_BYTES {
+                        let full = std::mem::take(&mut item);
+                        sent.add(full.len() as u64);
+                        tx.blocking_send(Ok(Bytes::from(full)))
+                            .map_err(|_| ended())?;
+                    }
+                    if item.capacity() == 0 {
+                        item.reserve_exact(PATCH_BYTES.max(member.len()));
+                    }
+                    item.extend_from_slice(member);
+                    Ok(())
+                })?;
+            if !item.is_empty() {
+                sent.add(item.len() as u64);
+                tx.blocking_send(Ok(Bytes::from(item)))
+                    .map_err(|_| ended())?;
+            }
+            Ok((diff_id, packed.finish(), size))
+        })();
+        // Recorded before `tx` is dropped: the stream ends, and the commit is sent, only after.
+        // An earlier attempt's thread that gets this far records the same (the same input).
+        match run {
+            Ok(m) => *made.lock().expect("made lock") = Some(m),
+            Err(e) => {
+                let _ = tx.blocking_send(Err(stream_error(&e.to_string())));
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
     })
 }
 
