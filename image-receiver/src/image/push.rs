@@ -365,6 +365,37 @@ impl Pusher {
             .await
     }
 
+    /// Whether the registry has blob `digest` already (a `HEAD`): then its `size` bytes count as
+    /// pushed, and the caller skips it.
+    async fn already_there(&self, digest: &str, size: u64, what: &str) -> Result<bool, PushError> {
+        if !self.blob_exists(digest).await? {
+            return Ok(false);
+        }
+        tracing::info!(what, digest, "blob already in the registry");
+        self.progress.sent(size);
+        self.progress.blob_done();
+        Ok(true)
+    }
+
+    /// The end of a push whose attempts count their bytes in `attempt`: the blob is done, or
+    /// the last attempt's bytes are taken back from the progress.
+    fn settle(
+        &self,
+        result: Result<(), PushError>,
+        attempt: &AtomicU64,
+    ) -> Result<bool, PushError> {
+        match result {
+            Ok(()) => {
+                self.progress.blob_done();
+                Ok(true)
+            }
+            Err(e) => {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                Err(e)
+            }
+        }
+    }
+
     async fn push_stream(
         &self,
         file: &Source,
@@ -374,10 +405,7 @@ impl Pusher {
         check: bool,
         follow: Option<Follow>,
     ) -> Result<bool, PushError> {
-        if self.blob_exists(digest).await? {
-            tracing::info!(what, digest, "blob already in the registry");
-            self.progress.sent(span.len);
-            self.progress.blob_done();
+        if self.already_there(digest, span.len, what).await? {
             return Ok(false);
         }
         tracing::info!(what, digest, size = span.len, "pushing blob");
@@ -410,16 +438,7 @@ impl Pusher {
         if let Some(message) = mismatch.lock().expect("mismatch lock").take() {
             return Err(PushError::Content(message));
         }
-        match result {
-            Ok(_) => {
-                self.progress.blob_done();
-                Ok(true)
-            }
-            Err(e) => {
-                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                Err(e)
-            }
-        }
+        self.settle(result.map(drop), &attempt)
     }
 
     /// Pushes the uncompressed layer at `span` of `file` gzip'ed on the way, as blob `digest`
@@ -434,10 +453,7 @@ impl Pusher {
         size: u64,
         what: &str,
     ) -> Result<bool, PushError> {
-        if self.blob_exists(digest).await? {
-            tracing::info!(what, digest, "blob already in the registry");
-            self.progress.sent(size);
-            self.progress.blob_done();
+        if self.already_there(digest, size, what).await? {
             return Ok(false);
         }
         tracing::info!(what, digest, size, "pushing layer, gzip'ed as it streams");
@@ -458,16 +474,7 @@ impl Pusher {
                     .push_blob_stream(&self.target, stream, digest, Some(size))
             })
             .await;
-        match result {
-            Ok(_) => {
-                self.progress.blob_done();
-                Ok(true)
-            }
-            Err(e) => {
-                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                Err(e)
-            }
-        }
+        self.settle(result.map(drop), &attempt)
     }
 
     /// Pushes the uncompressed layer at `span` of `file` (still arriving: each block is read

@@ -81,15 +81,7 @@ fn spawn_inner(cmd: &mut Command, with_result: bool) -> io::Result<Process> {
     let stdin = pipes.0.map(|s| sender(OwnedFd::from(s)));
     let stdout = pipes.1.map(|s| receiver(OwnedFd::from(s)));
     let stderr = pipes.2.map(|s| receiver(OwnedFd::from(s)));
-    let mut process = Process {
-        pid,
-        exit,
-        status: None,
-        stdin: None,
-        stdout: None,
-        stderr: None,
-        result: None,
-    };
+    let mut process = Process::registered(pid, exit);
     // On error `process` drops here and kills the fresh group.
     process.stdin = stdin.transpose()?;
     process.stdout = stdout.transpose()?;
@@ -118,6 +110,20 @@ fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
 }
 
 impl Process {
+    /// A child the reaper knows (`exit` resolves when it is reaped), its pipes not attached
+    /// yet: dropped from here on, it kills its group.
+    fn registered(pid: i32, exit: oneshot::Receiver<Reaped>) -> Process {
+        Process {
+            pid,
+            exit,
+            status: None,
+            stdin: None,
+            stdout: None,
+            stderr: None,
+            result: None,
+        }
+    }
+
     /// The process id, which is also its process group id.
     pub fn id(&self) -> i32 {
         self.pid

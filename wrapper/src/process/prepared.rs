@@ -233,15 +233,7 @@ pub fn spawn(
     // The child has its copies of the write ends (and of stdin); ours must go, or EOF would
     // never come (and a handler that exits without reading would not be seen to).
     drop((stdin, stdout_w, stderr_w));
-    let mut process = Process {
-        pid,
-        exit,
-        status: None,
-        stdin: None,
-        stdout: None,
-        stderr: None,
-        result: None,
-    };
+    let mut process = Process::registered(pid, exit);
     // On error `process` drops here and kills the fresh group.
     process.stdout = Some(receiver(stdout)?);
     process.stderr = Some(receiver(stderr)?);
