@@ -296,7 +296,8 @@ async fn handle(
             Ok(hyper::Response::from_parts(parts, Either::Right(body)))
         }
         Ok(Err(e)) => {
-            tracing::warn!(upstream = %ctx.upstream, error = %e, "the program's connection failed");
+            let error = runr_base::fmt::error_chain(&e);
+            tracing::warn!(upstream = %ctx.upstream, error = %error, "the program's connection failed");
             upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
             let reply = Reply::failure(
                 ErrorClass::Crash,
