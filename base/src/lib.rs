@@ -1,6 +1,8 @@
 //! runr-base: what the edge of every RunR data-plane binary needs, once.
 //!
 //! - [`backoff`]: the one backoff (exponential, capped, equal jitter);
+//! - [`cli`]: the shape of every `main`: the first argument, the configuration report, the exit
+//!   statuses;
 //! - [`cloudevent`]: the attributes of the schedule and queue CloudEvents;
 //! - [`env`]: reading configuration from environment variables, one grammar for durations,
 //!   sizes, flags, ports and levels; one [`env::ConfigError`]; the variables table that
@@ -23,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod cli;
 pub mod cloudevent;
 pub mod env;
 pub mod fmt;

@@ -5,10 +5,10 @@ use std::future::Future;
 use std::path::Path;
 use std::process::ExitCode;
 
+use runr_base::cli::{self, Ask};
 use runr_base::env::{process_lookup, ConfigErrors};
 use runr_base::fmt::error_chain;
 use runr_base::log::LogFormat;
-use runr_base::EXIT_CONFIG;
 use runr_image_upload::config::{self, Config};
 
 /// It runs as a Job whose log collector adds no timestamps: the lines carry their own.
@@ -29,25 +29,22 @@ fn main() -> ExitCode {
         eprintln!("warning: cannot provide the built-in CA roots as a system store: {e}");
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None | Some("serve") if args.len() <= 1 => serve(),
-        Some("fetch") => match &args[1..] {
+    match Ask::of(args.first().map(String::as_str)) {
+        Ask::Default | Ask::Command("serve") if args.len() <= 1 => serve(),
+        Ask::Command("fetch") => match &args[1..] {
             [reference, dest] => fetch(reference, Path::new(dest)),
             _ => usage("fetch needs two arguments: <reference> <dest-file>"),
         },
-        Some("version" | "--version" | "-V" | "help" | "--help" | "-h") => {
-            print!("{}", version());
-            ExitCode::SUCCESS
-        }
-        Some(other) => usage(&format!("unknown subcommand or arguments: {other:?}")),
-        None => usage("unexpected arguments"),
+        Ask::Version | Ask::Help => cli::print_usage(&version()),
+        Ask::Command(other) => usage(&format!("unknown subcommand or arguments: {other:?}")),
+        Ask::Default => usage("unexpected arguments"),
     }
 }
 
 fn serve() -> ExitCode {
-    let config = match Config::from_lookup(&process_lookup) {
+    let config = match configure(Config::from_lookup(&process_lookup)) {
         Ok(config) => config,
-        Err(errors) => return bad_config(&errors),
+        Err(code) => return code,
     };
     runr_base::log::init(LOG, config.log_level);
     runr_base::env::warn_unknown(
@@ -58,9 +55,9 @@ fn serve() -> ExitCode {
 }
 
 fn fetch(reference: &str, dest: &Path) -> ExitCode {
-    let registry = match config::registry_from_lookup(&process_lookup) {
+    let registry = match configure(config::registry_from_lookup(&process_lookup)) {
         Ok(registry) => registry,
-        Err(errors) => return bad_config(&errors),
+        Err(code) => return code,
     };
     runr_base::log::init(LOG, tracing::Level::INFO);
     run(
@@ -86,19 +83,12 @@ where
         Ok(rt) => rt.block_on(work).map_err(|e| error_chain(&e)),
         Err(e) => Err(format!("cannot start the runtime: {e}")),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{what} failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::finish(what, result)
 }
 
-/// One line per bad variable, then exit 2.
-fn bad_config(errors: &ConfigErrors) -> ExitCode {
-    runr_base::log::init(LOG, tracing::Level::INFO);
-    errors.report()
+/// The configuration, or one line per bad variable and exit 2.
+fn configure<C>(parsed: Result<C, ConfigErrors>) -> Result<C, ExitCode> {
+    cli::configure(parsed, || runr_base::log::init(LOG, tracing::Level::INFO))
 }
 
 fn version() -> String {
@@ -110,6 +100,5 @@ fn version() -> String {
 }
 
 fn usage(problem: &str) -> ExitCode {
-    eprintln!("runr-image-upload: {problem}\n\n{}", version());
-    ExitCode::from(EXIT_CONFIG)
+    cli::usage_error("runr-image-upload", problem, &version())
 }

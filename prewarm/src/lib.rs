@@ -27,7 +27,6 @@ use runr_base::log::LogFormat;
 use runr_base::signal::Stop;
 
 pub use config::Config;
-pub use runr_base::EXIT_CONFIG;
 pub use summary::Summary;
 
 /// prewarm's log lines on stderr (stdout carries only the JSON summary): prefixed, INFO named
@@ -37,11 +36,6 @@ pub const LOG_FORMAT: LogFormat = LogFormat {
     info_level: true,
     timestamps: false,
 };
-
-/// Every image was warmed.
-pub const EXIT_OK: u8 = 0;
-/// At least one image failed; the next region:reconcile starts the Job again.
-pub const EXIT_FAILED: u8 = 1;
 
 /// The client could not be set up from the configuration (e.g. a malformed CA file).
 #[derive(Debug, thiserror::Error)]

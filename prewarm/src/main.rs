@@ -7,20 +7,19 @@
 use std::process::ExitCode;
 
 use futures_util::future::Either;
+use runr_base::cli::{self, Ask, Exit};
 
-use runr_prewarm::{Config, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LOG_FORMAT};
+use runr_prewarm::{Config, LOG_FORMAT};
 
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
-        None | Some("run") => run(),
-        Some("version" | "--version" | "-V" | "help" | "--help" | "-h") => {
-            print!("{}", usage());
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("[runr-prewarm] unknown subcommand {other:?}\n\n{}", usage());
-            ExitCode::from(EXIT_CONFIG)
-        }
+    match Ask::of(std::env::args().nth(1).as_deref()) {
+        Ask::Default | Ask::Command("run") => run(),
+        Ask::Version | Ask::Help => cli::print_usage(&usage()),
+        Ask::Command(other) => cli::usage_error(
+            "runr-prewarm",
+            &format!("unknown subcommand {other:?}"),
+            &usage(),
+        ),
     }
 }
 
@@ -29,12 +28,11 @@ fn run() -> ExitCode {
     // runr_registry::roots for why a scratch image needs it). Reported once logging is set up.
     let roots = runr_registry::ensure_system_roots();
     // Configuration next: a bad variable must stop the Job before anything is contacted.
-    let config = match Config::from_lookup(runr_base::env::process_lookup) {
+    let config = match cli::configure(Config::from_lookup(runr_base::env::process_lookup), || {
+        runr_base::log::init(LOG_FORMAT, tracing::Level::INFO)
+    }) {
         Ok(config) => config,
-        Err(errors) => {
-            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            return errors.report();
-        }
+        Err(code) => return code,
     };
     runr_base::log::init(LOG_FORMAT, config.log);
     runr_base::env::warn_unknown(
@@ -54,7 +52,7 @@ fn run() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::from(EXIT_FAILED);
+            return Exit::Failed.into();
         }
     };
     let outcome = runtime.block_on(async {
@@ -75,15 +73,14 @@ fn run() -> ExitCode {
         Ok(summary) => {
             summary.log();
             println!("{}", summary.to_json());
-            ExitCode::from(if summary.success() {
-                EXIT_OK
-            } else {
-                EXIT_FAILED
-            })
+            match summary.success() {
+                true => Exit::Done.into(),
+                false => Exit::Failed.into(),
+            }
         }
         Err(e) => {
             tracing::error!("{e}");
-            ExitCode::from(EXIT_CONFIG)
+            Exit::Config.into()
         }
     }
 }

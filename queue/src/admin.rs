@@ -11,17 +11,12 @@ use crate::{Ended, EXIT_FATAL, LOG_FORMAT};
 
 /// The configuration of an admin command, or its exit status (2, with one line per bad variable).
 fn config_for_admin(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, ExitCode> {
-    match Config::for_role(get, Role::Admin) {
-        Ok(c) => {
-            runr_base::log::init(LOG_FORMAT, c.log_level);
-            runr_base::env::warn_unknown(&["RUNR_QUEUE_"], &[config::VARS]);
-            Ok(c)
-        }
-        Err(errors) => {
-            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            Err(errors.report())
-        }
-    }
+    let c = runr_base::cli::configure(Config::for_role(get, Role::Admin), || {
+        runr_base::log::init(LOG_FORMAT, tracing::Level::INFO)
+    })?;
+    runr_base::log::init(LOG_FORMAT, c.log_level);
+    runr_base::env::warn_unknown(&["RUNR_QUEUE_"], &[config::VARS]);
+    Ok(c)
 }
 
 /// Runs `work` with a store for `config` until it ends or SIGTERM/SIGINT; the exit status.
@@ -54,8 +49,8 @@ where
         }
     });
     match ended {
-        Some(Ended::Stopped { .. }) => ExitCode::SUCCESS,
-        Some(Ended::Fatal(_)) | None => ExitCode::from(EXIT_FATAL),
+        Some(Ended::Stopped { .. }) => runr_base::cli::Exit::Done.into(),
+        Some(Ended::Fatal(_)) | None => EXIT_FATAL.into(),
     }
 }
 
@@ -235,8 +230,8 @@ pub fn redrive(get: &dyn Fn(&str) -> Option<String>, args: &[String]) -> ExitCod
     let spec = match parse_redrive_args(args) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("[runr-queue] ERROR {e}\nusage: {REDRIVE_USAGE}");
-            return ExitCode::from(runr_base::EXIT_CONFIG);
+            let usage = format!("usage: {REDRIVE_USAGE}");
+            return runr_base::cli::usage_error("runr-queue", &e, &usage);
         }
     };
     let config = match config_for_admin(get) {

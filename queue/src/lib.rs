@@ -30,12 +30,14 @@ pub(crate) mod trace;
 
 use std::process::ExitCode;
 
+use runr_base::cli::Exit;
+
 pub use config::Config;
 pub use consumer::{run, Ended};
 
 /// Exit status when Redis refuses us for good (credentials, permissions, a key that is not a
 /// stream) or the runtime cannot start.
-pub const EXIT_FATAL: u8 = 1;
+pub const EXIT_FATAL: Exit = Exit::Failed;
 
 /// The log format: `[runr-queue] LEVEL message fields…`, no timestamps (the kubelet's log
 /// collector adds them).
@@ -48,12 +50,11 @@ pub const LOG_FORMAT: runr_base::log::LogFormat = runr_base::log::LogFormat {
 /// The consumer as `main` runs it: configuration from `get`, logs, the runtime, the run, and
 /// the exit status (0 after SIGTERM/SIGINT, 1 fatal, 2 bad configuration).
 pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
-    let config = match Config::from_lookup(get) {
+    let config = match runr_base::cli::configure(Config::from_lookup(get), || {
+        runr_base::log::init(LOG_FORMAT, tracing::Level::INFO)
+    }) {
         Ok(c) => c,
-        Err(errors) => {
-            runr_base::log::init(LOG_FORMAT, tracing::Level::INFO);
-            return errors.report();
-        }
+        Err(code) => return code,
     };
     runr_base::log::init(LOG_FORMAT, config.log_level);
     runr_base::env::warn_unknown(&["RUNR_QUEUE_"], &[config::VARS]);
@@ -66,13 +67,13 @@ pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
         consumer::run(config, shutdown).await
     });
     let Some(ended) = ended else {
-        return ExitCode::from(EXIT_FATAL);
+        return EXIT_FATAL.into();
     };
     match ended {
-        Ended::Stopped { .. } => ExitCode::SUCCESS,
+        Ended::Stopped { .. } => Exit::Done.into(),
         Ended::Fatal(m) => {
             tracing::error!(error = %m, "exiting");
-            ExitCode::from(EXIT_FATAL)
+            EXIT_FATAL.into()
         }
     }
 }

@@ -3,29 +3,29 @@
 
 use std::process::ExitCode;
 
+use runr_base::cli::{self, Ask};
+use runr_base::env::process_lookup;
+
 fn main() -> ExitCode {
-    let version = concat!("runr-queue ", env!("CARGO_PKG_VERSION"));
-    match std::env::args().nth(1).as_deref() {
-        None | Some("run") => runr_queue::command(&runr_base::env::process_lookup),
-        Some("create-group") => runr_queue::admin::create_group(&runr_base::env::process_lookup),
-        Some("redrive") => {
+    let usage = || {
+        format!(
+            "runr-queue {}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            runr_queue::usage()
+        )
+    };
+    match Ask::of(std::env::args().nth(1).as_deref()) {
+        Ask::Default | Ask::Command("run") => runr_queue::command(&process_lookup),
+        Ask::Command("create-group") => runr_queue::admin::create_group(&process_lookup),
+        Ask::Command("redrive") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
-            runr_queue::admin::redrive(&runr_base::env::process_lookup, &args)
+            runr_queue::admin::redrive(&process_lookup, &args)
         }
-        Some("version" | "--version" | "-V") => {
-            print!("{version}\n{}", runr_queue::usage());
-            ExitCode::SUCCESS
-        }
-        Some("help" | "--help" | "-h") => {
-            print!("{version}\n{}", runr_queue::usage());
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!(
-                "[runr-queue] ERROR unknown argument {other:?}\n{}",
-                runr_queue::usage()
-            );
-            ExitCode::from(runr_base::EXIT_CONFIG)
-        }
+        Ask::Version | Ask::Help => cli::print_usage(&usage()),
+        Ask::Command(other) => cli::usage_error(
+            "runr-queue",
+            &format!("unknown argument {other:?}"),
+            &usage(),
+        ),
     }
 }

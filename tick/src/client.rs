@@ -61,7 +61,11 @@ pub struct TickResponse {
 impl TickResponse {
     /// The exit status of the tick commands: 0 for a status below 400, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
-        u8::from(self.status >= 400)
+        let exit = match self.status {
+            ..=399 => runr_base::cli::Exit::Done,
+            _ => runr_base::cli::Exit::Failed,
+        };
+        exit.code()
     }
 }
 

@@ -13,6 +13,7 @@ pub mod event;
 use std::io::Write;
 use std::process::ExitCode;
 
+use runr_base::cli::Exit;
 use runr_base::log::LogFormat;
 
 pub use client::{send, send_with, wait_and_send, wait_for_listener, TickError, TickResponse};
@@ -31,17 +32,18 @@ pub const LOG_FORMAT: LogFormat = LogFormat {
 /// sends one tick, prints the response body to stdout and returns the exit status (0 below 400,
 /// 1 for an error status or no answer, 2 for bad configuration).
 pub fn command(get: &dyn Fn(&str) -> Option<String>) -> ExitCode {
-    let config = match TickConfig::from_lookup(get) {
+    // The log is set up (by main) before the configuration is read.
+    let config = match runr_base::cli::configure(TickConfig::from_lookup(get), || {}) {
         Ok(c) => c,
-        Err(errors) => return errors.report(),
+        Err(code) => return code,
     };
     let event = ScheduleEvent::new();
     match runr_base::runtime::block_on(wait_and_send(&config.target, config.wait, &event)) {
-        None => ExitCode::FAILURE,
+        None => Exit::Failed.into(),
         Some(Ok(response)) => ExitCode::from(print_response(&response)),
         Some(Err(e)) => {
             tracing::error!(target_url = %config.target, "{}", runr_base::fmt::error_chain(&e));
-            ExitCode::FAILURE
+            Exit::Failed.into()
         }
     }
 }

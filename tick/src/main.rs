@@ -4,21 +4,18 @@
 
 use std::process::ExitCode;
 
+use runr_base::cli::{self, Ask};
+
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
-        Some("version" | "--version" | "-V") => {
-            println!("runr-tick {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        Some("help" | "--help" | "-h") => {
-            print!("{}", usage());
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("[runr-tick] unknown argument {other:?}\n{}", usage());
-            ExitCode::from(runr_base::EXIT_CONFIG)
-        }
-        None => {
+    match Ask::of(std::env::args().nth(1).as_deref()) {
+        Ask::Version => cli::print_usage(&format!("runr-tick {}\n", env!("CARGO_PKG_VERSION"))),
+        Ask::Help => cli::print_usage(&usage()),
+        Ask::Command(other) => cli::usage_error(
+            "runr-tick",
+            &format!("unknown argument {other:?}"),
+            &usage(),
+        ),
+        Ask::Default => {
             runr_base::log::init(runr_tick::LOG_FORMAT, tracing::Level::INFO);
             runr_base::env::warn_unknown(&["RUNR_TICK_"], &[runr_tick::config::VARS]);
             runr_tick::command(&runr_base::env::process_lookup)

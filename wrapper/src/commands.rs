@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use runr_base::cli::Exit;
 use runr_base::env::process_lookup;
 use runr_base::fmt::error_chain;
 
@@ -27,16 +28,16 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 /// `serve`: runs as configured until SIGTERM/SIGINT (servers) or until the one-shot is done.
 pub fn serve() -> ExitCode {
-    let config = match Config::from_lookup(&process_lookup) {
+    let parsed = Config::from_lookup(&process_lookup);
+    let config = match runr_base::cli::configure(parsed, || {
+        // In the format asked for, when that variable itself is good.
+        init_logs(
+            telemetry::log_format_of(&process_lookup),
+            tracing::Level::INFO,
+        )
+    }) {
         Ok(config) => config,
-        Err(errors) => {
-            // In the format asked for, when that variable itself is good.
-            init_logs(
-                telemetry::log_format_of(&process_lookup),
-                tracing::Level::INFO,
-            );
-            return errors.report();
-        }
+        Err(code) => return code,
     };
     init_logs(config.telemetry.log_format, config.log_level);
     logs::install(&config.telemetry);
@@ -57,14 +58,14 @@ pub fn serve() -> ExitCode {
     if config.handler.result_fd && matches!(config.mode, Mode::Exec | Mode::Persistent) {
         if let Err(e) = result_fd::reserve() {
             tracing::error!(error = %e, "cannot reserve fd 3 for RUNR_RESULT_FD");
-            return ExitCode::FAILURE;
+            return ExitCode::from(Exit::Failed);
         }
     }
     // One thread: the wrapper's work per request is small, and a single thread keeps its
     // memory small and its spawning/reaping free of cross-thread races.
     match runr_base::runtime::block_on(run(&config)) {
         Some(code) => ExitCode::from(code),
-        None => ExitCode::FAILURE,
+        None => ExitCode::from(Exit::Failed),
     }
 }
 
@@ -130,25 +131,23 @@ pub fn install(dest: &Path) -> ExitCode {
     match crate::install::install(dest) {
         Ok(()) => {
             eprintln!("{PREFIX} installed to {}", dest.display());
-            ExitCode::SUCCESS
+            ExitCode::from(Exit::Done)
         }
         Err(e) => {
             eprintln!("{PREFIX} install failed: {}", error_chain(&e));
-            ExitCode::FAILURE
+            ExitCode::from(Exit::Failed)
         }
     }
 }
 
 /// `version` / `help`: the version line, the usage, the variables and their defaults.
 pub fn version() -> ExitCode {
-    print!("{}", version_text());
-    ExitCode::SUCCESS
+    runr_base::cli::print_usage(&version_text())
 }
 
 /// Bad usage: `problem`, then the usage, on stderr; exit 2.
 pub fn usage(problem: &str) -> ExitCode {
-    eprintln!("{PREFIX} {problem}\n\n{}", version_text());
-    ExitCode::from(runr_base::EXIT_CONFIG)
+    runr_base::cli::usage_error("runr-wrapper", problem, &version_text())
 }
 
 fn version_text() -> String {
