@@ -8,7 +8,7 @@ use runr_testkit::range_cache::HeadMode;
 use runr_testkit::{wait_for, RangeIgnoringCache};
 
 use super::with;
-use crate::fixtures::{base_env, run, Finished, Prewarm};
+use crate::support::{base_env, run, Finished, Prewarm};
 use crate::{tools_present, upstream, Upstream};
 
 const WITH_HEAD: &str = "the cache ignores Range requests; confirming with HEAD instead";
@@ -21,7 +21,7 @@ fn blobs(up: &Upstream) -> Vec<(String, u64)> {
     for manifest in [&up.small, &up.big] {
         out.push(up.layout.config_of(manifest));
         for layer in up.layout.layers_of(manifest) {
-            let size = std::fs::metadata(crate::fixtures::blob_file(&up.registry, &layer))
+            let size = std::fs::metadata(crate::support::blob_file(&up.registry, &layer))
                 .unwrap()
                 .len();
             out.push((layer, size));

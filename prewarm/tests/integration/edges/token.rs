@@ -6,7 +6,7 @@ use runr_testkit::token::{refusal_body, DETAIL_BAD_CREDENTIALS, DETAIL_NO_CREDEN
 use runr_testkit::{have_tool, TokenRegistry};
 
 use super::{pull, with};
-use crate::fixtures::{base_env, run};
+use crate::support::{base_env, run};
 use crate::{tools_present, upstream};
 
 const USER: &str = "runr";

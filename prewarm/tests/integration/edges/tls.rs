@@ -6,7 +6,7 @@ use runr_testkit::pki::Ca;
 use runr_testkit::{have_tool, TlsRegistry, TlsVariant};
 
 use super::{pull, with};
-use crate::fixtures::{base_env, run};
+use crate::support::{base_env, run};
 use crate::{tools_present, upstream};
 
 fn tls_tools() -> bool {

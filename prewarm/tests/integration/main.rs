@@ -6,12 +6,12 @@
 //! ignores `Range`.
 
 mod edges;
-mod fixtures;
+mod support;
 
 use std::time::Duration;
 
-use fixtures::{base_env, blob_file, pull_from, run, Desc, Layout, Prewarm, SlowLink};
 use runr_testkit::{free_port, have_tool, Registry};
+use support::{base_env, blob_file, pull_from, run, Desc, Layout, Prewarm, SlowLink};
 
 /// The upstream's test images: `small:1` (one small layer), `multi:1` (amd64 + arm64 +
 /// attestation index) and `big:1` (three random layers of 2 MiB).
@@ -317,7 +317,7 @@ fn a_corrupted_upstream_blob_is_reported_as_a_digest_mismatch() {
     }
     let up = upstream();
     let layer = up.layout.layers_of(&up.big)[1].clone();
-    fixtures::overwrite_same_size(&blob_file(&up.registry, &layer));
+    support::overwrite_same_size(&blob_file(&up.registry, &layer));
     let cache = Registry::start_proxy(&up.registry.url());
     let env = env_with(&cache, "big:1 small:1", &[("RUNR_PREWARM_ATTEMPTS", "2")]);
     let done = run(&env);
@@ -445,7 +445,7 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
     }
     let up = upstream();
     let cache = Registry::start_proxy(&up.registry.url());
-    let front = fixtures::too_many_requests(cache.addr(), "/v2/small/manifests/1", 1, 2);
+    let front = support::too_many_requests(cache.addr(), "/v2/small/manifests/1", 1, 2);
     let mut env = base_env(&front.host(), "small:1");
     env.push(("RUNR_PREWARM_BACKOFF".into(), "10ms".into()));
     let done = run(&env);
@@ -475,10 +475,9 @@ fn a_500_to_a_confirmation_probe_is_not_yet_stored() {
     let layer = up.layout.layers_of(&up.small)[0].clone();
     // The layer's first request is the probe that gets it whole; the second, the first
     // confirmation probe, gets the 500.
-    let front =
-        fixtures::Intercept::start(cache.addr(), &format!("/v2/small/blobs/{layer}"), |n| {
-            (n == 2).then(fixtures::distribution_500)
-        });
+    let front = support::Intercept::start(cache.addr(), &format!("/v2/small/blobs/{layer}"), |n| {
+        (n == 2).then(support::distribution_500)
+    });
     let mut env = base_env(&front.host(), "small:1");
     env.push(("RUNR_PREWARM_LOG".into(), "debug".into()));
     let done = run(&env);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use runr_testkit::{free_port, wait_for, Registry};
 
-use crate::fixtures::{base_env, Prewarm, SlowLink};
+use crate::support::{base_env, Prewarm, SlowLink};
 use crate::{tools_present, upstream};
 
 /// A hang guard, far above the expected exit (milliseconds after the signal) and far below what
