@@ -6,8 +6,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::vars;
 use crate::support::{alive, env, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::vars;
 
 fn now_ms() -> u64 {
     SystemTime::now()

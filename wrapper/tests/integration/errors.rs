@@ -2,8 +2,8 @@
 //! start, limit; overload and unavailable where the server makes them), never on the
 //! handler's own answers, under concurrency too.
 
+use crate::support::telemetry::vars;
 use crate::support::{env, fixtures, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::vars;
 
 /// Exec handler answering by path (`RUNR_PATH`).
 const ROUTED: &str = r#"case "$RUNR_PATH" in
@@ -197,7 +197,7 @@ for line in sys.stdin:
 
 #[test]
 fn the_observed_proxy_marks_its_own_answers() {
-    use crate::observed_support::start_proxy;
+    use crate::support::observed::start_proxy;
     // The program takes 30 s to listen; requests wait RUNR_TICK_WAIT for it.
     let w = start_proxy(&[
         ("RUNR_METRICS_PORT", "0".to_string()),
@@ -409,7 +409,7 @@ fn table_target(mode: &str, busy: bool, extra: &[(&str, &str)]) -> Target {
                 ("RUNR_UPSTREAM_PORT", &runr_testkit::free_port().to_string()),
             ]));
             all.extend(v);
-            let w = crate::observed_support::Proxy::start(&all);
+            let w = crate::support::observed::Proxy::start(&all);
             (w.addr(), Box::new(w))
         }
         "lambda" => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use runr_testkit::{free_port, wait_for_port, Child};
 
-use crate::observed_support::{
+use crate::support::observed::{
     ce_receiver_script, run, spawn, upstream_command, upstream_script, Run,
 };
 use crate::support::{alive, fixtures, Body, Conn, RespExt};
@@ -361,7 +361,7 @@ fn invoke_sequence_is_traced_and_a_failed_tick_captured() {
     );
     assert_eq!(r.code, 1, "{}", r.stderr);
     let body: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
-    let access = crate::observed_support::access_lines(&r.stderr);
+    let access = crate::support::observed::access_lines(&r.stderr);
     assert_eq!(access.len(), 1, "{}", r.stderr);
     let line = &access[0];
     assert_eq!(
@@ -372,7 +372,7 @@ fn invoke_sequence_is_traced_and_a_failed_tick_captured() {
         body["traceparent"],
         format!("00-{}-{}-01", line.trace_id, line.span_id)
     );
-    let captures = crate::observed_support::replay_lines(&file, 1);
+    let captures = crate::support::observed::replay_lines(&file, 1);
     assert_eq!(captures[0]["trigger"], "schedule");
     assert_eq!(captures[0]["failure"], "status");
     assert_eq!(captures[0]["traceId"], line.trace_id.as_str());

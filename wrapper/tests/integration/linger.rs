@@ -208,7 +208,7 @@ fn refusals_and_programs_that_answer_early_reach_the_client_in_every_mode() {
             );
         }
     }
-    let proxy = crate::observed_support::start_proxy(&[("RUNR_TRACING", "1".to_string())]);
+    let proxy = crate::support::observed::start_proxy(&[("RUNR_TRACING", "1".to_string())]);
     proxy.get_when_up("/pid");
     for (i, (status, body)) in python_posts(proxy.addr().port(), "/refuse", SMALL, CLIENTS)
         .iter()

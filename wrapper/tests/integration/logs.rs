@@ -10,8 +10,8 @@ use std::time::Duration;
 use runr_testkit::logfmt::{parse, values, Pair};
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::vars;
 use crate::support::{env, Body, Conn, Wrapper};
-use crate::telemetry_support::vars;
 
 /// Every line of `log`, parsed; panics with the line that does not parse.
 fn parsed(log: &str) -> Vec<Vec<Pair>> {

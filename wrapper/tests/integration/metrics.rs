@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::{metrics_addr, scrape, vars};
 use crate::support::{bin, env, fixtures, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::{metrics_addr, scrape, vars};
 
 /// An exec handler whose answer depends on the path (`RUNR_PATH`).
 const ROUTED: &str = r#"case "$RUNR_PATH" in
@@ -355,7 +355,7 @@ fn the_metrics_port_must_differ_from_port() {
 
 #[test]
 fn http_mode_with_metrics_runs_the_observed_proxy_and_counts_its_invocations() {
-    use crate::observed_support::start_proxy;
+    use crate::support::observed::start_proxy;
     let w = start_proxy(&[
         ("RUNR_METRICS_PORT", "0".to_string()),
         ("RUNR_TIMEOUT", "5".to_string()),

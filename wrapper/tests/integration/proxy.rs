@@ -9,7 +9,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use runr_testkit::{free_port, wait_for};
 
-use crate::observed_support::{access_lines, attr, start_proxy, vm_hwm_kib, Collector};
+use crate::support::observed::{access_lines, attr, start_proxy, vm_hwm_kib, Collector};
 use crate::support::{alive, Body, Conn, RespExt};
 
 const MIB: usize = 1024 * 1024;
@@ -293,7 +293,7 @@ fn probes_and_preflights_are_answered_by_the_wrapper() {
 
 #[test]
 fn a_program_that_never_listens_gets_503_after_the_wait() {
-    let w = crate::observed_support::Proxy::start(&[
+    let w = crate::support::observed::Proxy::start(&[
         ("RUNR_WRAPPER_MODE".into(), "http".into()),
         ("RUNR_COMMAND".into(), r#"["sleep", "300"]"#.into()),
         ("RUNR_UPSTREAM_PORT".into(), free_port().to_string()),
@@ -383,7 +383,7 @@ fn a_binary_server_that_closes_each_connection_is_proxied_with_client_keep_alive
         &dir.path().to_string_lossy(),
     ])
     .unwrap();
-    let w = crate::observed_support::Proxy::start(&[
+    let w = crate::support::observed::Proxy::start(&[
         ("RUNR_WRAPPER_MODE".into(), "http".into()),
         ("RUNR_COMMAND".into(), command),
         ("RUNR_UPSTREAM_PORT".into(), upstream.to_string()),

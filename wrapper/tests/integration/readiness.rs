@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::vars;
 use crate::support::{env, RespExt, Wrapper};
-use crate::telemetry_support::vars;
 
 fn probe(w: &Wrapper) -> (u16, String) {
     let r = w.send("GET", "/", &[("K-Kubelet-Probe", "1.30")], b"");
@@ -95,9 +95,9 @@ fn no_request_reaches_a_worker_before_its_ready_line() {
     let waiting = std::thread::spawn(move || {
         crate::support::Conn::open(addr).send("GET", "/", &[], crate::support::Body::None)
     });
-    let m = crate::telemetry_support::metrics_addr(&w);
+    let m = crate::support::telemetry::metrics_addr(&w);
     wait_for("the request waiting", Duration::from_secs(60), || {
-        (crate::telemetry_support::scrape(m).value("runr_queued_invocations", &[]) == 1.0)
+        (crate::support::telemetry::scrape(m).value("runr_queued_invocations", &[]) == 1.0)
             .then_some(())
     });
     std::fs::write(&open, b"").unwrap();

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::{metrics_addr, scrape, vars};
 use crate::support::{alive, env, fixtures, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::{metrics_addr, scrape, vars};
 
 /// `threads` clients × `per` requests at once, every answer checked (status, echoed body);
 /// returns how many requests each pid answered.

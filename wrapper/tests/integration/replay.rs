@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::observed_support::{access_lines, replay_lines, start_proxy};
+use crate::support::observed::{access_lines, replay_lines, start_proxy};
 use crate::support::{env, fixtures, Body, Conn, RespExt, Wrapper};
 
 const SECRET_HEADERS: [(&str, &str); 3] = [
@@ -266,7 +266,7 @@ fn exec_handler_sees_the_wrapper_span_as_parent() {
 
 #[test]
 fn persistent_mode_exports_its_spans() {
-    let collector = crate::observed_support::Collector::start();
+    let collector = crate::support::observed::Collector::start();
     let mut vars = env(
         "persistent",
         &["python3", "-u", &fixtures().path("worker.py")],
@@ -288,7 +288,7 @@ fn persistent_mode_exports_its_spans() {
     let (_, _, doc, spans) = collector.next_spans();
     let resource = &doc["resourceSpans"][0]["resource"]["attributes"];
     assert_eq!(
-        crate::observed_support::attr(resource, "service.name")["stringValue"],
+        crate::support::observed::attr(resource, "service.name")["stringValue"],
         "knative-name"
     );
     let line = &access_lines(&w.log())[0];

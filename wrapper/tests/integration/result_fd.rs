@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use runr_testkit::wait_for;
 
+use crate::support::telemetry::{json_lines, vars};
 use crate::support::{env, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::{json_lines, vars};
 
 /// Sizes that straddle pipe and buffer boundaries.
 const SIZES: [usize; 10] = [

@@ -10,8 +10,8 @@ use std::time::Duration;
 use runr_testkit::wait_for;
 use serde_json::Value;
 
+use crate::support::telemetry::{json_lines, vars};
 use crate::support::{bin, env, Body, Conn, Wrapper};
-use crate::telemetry_support::{json_lines, vars};
 
 /// Sends `threads` × `per` requests at once, each with its own `X-Request-Id`, checking each
 /// answer with `check`; returns the ids sent.

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::observed_support::run;
+use crate::support::observed::run;
+use crate::support::telemetry::{metrics_addr, scrape, vars};
 use crate::support::{env, fixtures, Body, Conn, RespExt, Wrapper};
-use crate::telemetry_support::{metrics_addr, scrape, vars};
 
 /// What runr-queue sends for one entry (`id`).
 fn queue_event(id: &str) -> Vec<(&'static str, String)> {
@@ -315,7 +315,7 @@ fn runr_mode_schedule_without_runr_trigger_runs_the_one_shot() {
 
 #[test]
 fn runr_mode_schedule_runs_the_invoke_sequence_in_http_mode() {
-    use crate::observed_support::upstream_command;
+    use crate::support::observed::upstream_command;
     let port = runr_testkit::free_port();
     let vars = [
         ("PORT", port.to_string()),

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::support::{awslambdaric, require_python, Function};
 use super::{bodies, fixture};
-use crate::observed_support::{access_lines, finish, replay_lines};
+use crate::support::observed::{access_lines, finish, replay_lines};
 use crate::support::{alive, bin, Body, Conn, RespExt};
 
 fn app(vars: &[(&str, &str)]) -> Function {

@@ -3,6 +3,9 @@
 //! client ([`runr_testkit::http`]), and handler fixtures (bash, python3 and C programs built
 //! once per test run).
 
+pub mod observed;
+pub mod telemetry;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
