@@ -19,6 +19,7 @@ pub mod oci;
 pub mod otlp;
 pub mod pki;
 pub mod prom;
+pub mod random;
 pub mod range_cache;
 pub mod redis;
 pub mod server;
@@ -39,6 +40,20 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+
+/// A kibibyte, as the tests write sizes.
+pub const KIB: usize = 1024;
+/// A mebibyte.
+pub const MIB: usize = 1024 * KIB;
+
+/// A fresh directory for a test's files: `work` inside a temporary directory (so a test can
+/// also create siblings of it, and a path that is not there yet), removed when the guard drops.
+pub fn work_dir() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("create a temporary directory");
+    let dir = tmp.path().join("work");
+    std::fs::create_dir(&dir).expect("create the work directory");
+    (tmp, dir)
+}
 
 /// A loopback port nobody listens on right now.
 ///

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use runr_testkit::http::{Body, Resp};
 use runr_testkit::wait_for;
+use runr_testkit::MIB;
 
 use crate::support::{children_of, env, fixtures, status_kib, Conn, Gate, RespExt, Wrapper};
 
-const MIB: u64 = 1024 * 1024;
 /// Requests sent at once.
 const CLIENTS: usize = 20;
 /// Body of each: large, so that a body read too early shows in the wrapper's RSS.
@@ -112,12 +112,12 @@ fn exec_two_at_once_four_in_line_the_rest_503_without_reading_their_bodies() {
     }
     // Two bodies at a time at most: the 14 refused and the 4 waiting never had theirs read.
     let peak = status_kib(w.pid(), "VmHWM") * 1024;
-    let max = (1.15 * 2.0 * BODY as f64) as u64 + 32 * MIB;
+    let max = (1.15 * 2.0 * BODY as f64) as u64 + 32 * MIB as u64;
     assert!(
         peak <= max,
         "peak RSS {} MiB > {} MiB",
-        peak / MIB,
-        max / MIB
+        peak / MIB as u64,
+        max / MIB as u64
     );
 }
 

@@ -10,10 +10,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use runr_testkit::http::Body;
+use runr_testkit::MIB;
 
 use crate::support::{bin, env, fixtures, Conn, Wrapper};
 
-const MIB: usize = 1024 * 1024;
 const LIMIT: usize = 256 * MIB;
 const REQUESTS: usize = 64;
 const BODY: usize = 9 * MIB;

@@ -521,8 +521,8 @@ impl Plan {
 
 #[test]
 fn every_wrapper_answer_carries_its_class_and_no_program_answer_does_in_every_mode() {
+    use runr_testkit::MIB;
     use Ask::*;
-    const MIB: usize = 1024 * 1024;
     let shared = [
         row(Declared(10 * MIB as u64 + 1), 413, Some("limit")),
         row(BadChunk, 400, Some("request")),

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runr_testkit::http::{request_head, Body};
+use runr_testkit::MIB;
 
 use crate::support::{env, fixtures, status_kib, Conn, Wrapper};
 
-const MIB: usize = 1024 * 1024;
 /// Clients of each kind at once.
 const CLIENTS: usize = 16;
 /// Under the request limit: streamed into a handler that does not read it.

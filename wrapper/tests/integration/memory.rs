@@ -11,16 +11,16 @@ use std::time::Duration;
 
 use runr_testkit::http::{request_head, Body};
 use runr_testkit::wait_for;
+use runr_testkit::MIB;
 
 use crate::support::{children_of, env, fixtures, status_kib, Conn, Gate, Wrapper};
 
-const MIB: u64 = 1024 * 1024;
 /// Requests at once.
 const REQUESTS: usize = 64;
 /// Body of each.
 const BODY: usize = 9 * 1024 * 1024;
 /// What the wrapper may take besides the bodies (binary, runtime, buffers).
-const OVERHEAD: u64 = 32 * MIB;
+const OVERHEAD: u64 = 32 * MIB as u64;
 
 /// Sends `REQUESTS` POSTs of `BODY` bytes to `/gate` at once, waits until `running` handlers
 /// wait at the gate, opens it, checks every answer and returns the wrapper's peak RSS in
@@ -53,7 +53,7 @@ fn peak_rss(vars: &[(String, String)], gate: &Gate, running: usize) -> u64 {
         "peak RSS {:.1} MiB (idle {:.1} MiB) for {REQUESTS} x {} MiB, {vars:?}",
         peak as f64 / MIB as f64,
         idle as f64 / 1024.0,
-        BODY as u64 / MIB
+        BODY as u64 / MIB as u64
     );
     peak
 }
@@ -88,8 +88,8 @@ fn json_input_holds_each_body_once() {
     assert!(
         peak <= max,
         "peak RSS {} MiB > {} MiB",
-        peak / MIB,
-        max / MIB
+        peak / MIB as u64,
+        max / MIB as u64
     );
 }
 
@@ -101,8 +101,8 @@ fn raw_input_holds_each_body_once() {
     assert!(
         peak <= max,
         "peak RSS {} MiB > {} MiB",
-        peak / MIB,
-        max / MIB
+        peak / MIB as u64,
+        max / MIB as u64
     );
 }
 
@@ -115,7 +115,7 @@ fn waiting_requests_hold_no_body() {
     assert!(
         peak <= max,
         "peak RSS {} MiB > {} MiB",
-        peak / MIB,
-        max / MIB
+        peak / MIB as u64,
+        max / MIB as u64
     );
 }

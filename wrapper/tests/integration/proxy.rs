@@ -7,12 +7,12 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use runr_testkit::MIB;
 use runr_testkit::{free_port, wait_for};
 
 use crate::support::observed::{access_lines, attr, start_proxy, vm_hwm_kib, Collector};
 use crate::support::{alive, Body, Conn, RespExt};
 
-const MIB: usize = 1024 * 1024;
 const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 fn tracing_on() -> Vec<(&'static str, String)> {

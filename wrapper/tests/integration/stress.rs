@@ -4,6 +4,7 @@
 //! up to 1 MiB), because timing bugs in reading a handler's output show at some sizes and
 //! concurrencies and not at others.
 
+pub use runr_testkit::random::Rng;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
@@ -63,26 +64,6 @@ fn text_master() -> &'static [u8] {
             .map(|b| ALPHABET[usize::from(b & 63)])
             .collect()
     })
-}
-
-/// xorshift64*: deterministic per thread, so a failing run can be replayed from its seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// An output size: a fixed boundary size for the first requests of a run, then a mix of
@@ -282,7 +263,7 @@ fn at_every_concurrency(
 fn persistent_one(conn: &mut Conn, rng: &mut Rng, t: usize, i: usize) -> Option<String> {
     let size = size(rng, i);
     let seed = rng.below(MAX_SIZE as u64) as usize;
-    let id = format!("c{t}-r{i}-{}", rng.next());
+    let id = format!("c{t}-r{i}-{}", rng.next_u64());
     let path = format!("/answer/{seed}/{size}");
     let r = conn.send("POST", &path, &[("X-Request-Id", &id)], Body::Sized(b"x"));
     mismatch(
