@@ -44,7 +44,7 @@ fn fixtures() -> &'static Path {
     .path()
 }
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }
 

@@ -57,7 +57,7 @@ fn large(image: &TestImage) -> Vec<String> {
         .collect()
 }
 
-fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
+pub(crate) fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
     let path = dir.join("image.tar");
     let out = skopeo_output(&[
         "copy",
