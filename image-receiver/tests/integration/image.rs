@@ -365,15 +365,10 @@ fn eight_times() -> &'static (PathBuf, PathBuf) {
         let dir = &dir;
         let d = |name: &str| dir.join(name).display().to_string();
         // 80 MiB: in each 4 KiB, 480 pseudo-random bytes, then zeros (gzip: ~8.5×).
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = runr_testkit::random::Rng::new(0x9e37_79b9_7f4a_7c15);
         let mut data = vec![0u8; 80 << 20];
         for block in data.chunks_mut(4096) {
-            for b in &mut block[..480] {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = (x >> 32) as u8;
-            }
+            rng.fill(&mut block[..480]);
         }
         std::fs::write(d("big.bin"), &data).unwrap();
         drop(data);
@@ -482,7 +477,7 @@ fn a_gzip_archive_of_eight_times_its_size_through_the_chunk_api_needs_its_size_o
     let c = case(&reg, "runr-uploads/platform/e2e-eight", "v1");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = crate::harness::Receiver::for_data(
+    let r = crate::support::Receiver::for_data(
         &dir,
         &data,
         &[
@@ -533,7 +528,7 @@ fn a_classic_tar_gzipped_as_it_arrives_needs_its_size_on_disk() {
     let c = case(&reg, "runr-uploads/platform/e2e-eight-tar", "v1");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = crate::harness::Receiver::for_data(
+    let r = crate::support::Receiver::for_data(
         &dir,
         &data,
         &[
@@ -1440,7 +1435,7 @@ fn compressed_archives_uploaded_through_the_chunk_api() {
         let c = case(&reg, "runr-uploads/platform/e2e-compressed", tag);
         let dir = c.work.path().join("work");
         std::fs::create_dir(&dir).unwrap();
-        let r = crate::harness::Receiver::for_data(
+        let r = crate::support::Receiver::for_data(
             &dir,
             &data,
             &[
@@ -1473,7 +1468,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
     let c = case(&reg, "runr-uploads/platform/e2e", "v1");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = crate::harness::Receiver::for_data(
+    let r = crate::support::Receiver::for_data(
         &dir,
         &data,
         &[
@@ -1513,7 +1508,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
     let c = case(&reg, "runr-uploads/platform/e2e", "bad");
     let dir = c.work.path().join("work");
     std::fs::create_dir(&dir).unwrap();
-    let r = crate::harness::Receiver::for_data(
+    let r = crate::support::Receiver::for_data(
         &dir,
         &bad,
         &[

@@ -8,7 +8,7 @@ use std::io::Write;
 
 use runr_testkit::http::{request_head, Conn, Resp};
 
-use crate::harness::*;
+use crate::support::*;
 
 /// `PUT /chunk?offset=N` with a small body; `Err` when the connection is gone (the kill).
 fn try_put(conn: &mut Conn, offset: usize, body: &[u8]) -> Result<Resp, String> {
@@ -18,13 +18,6 @@ fn try_put(conn: &mut Conn, offset: usize, body: &[u8]) -> Result<Resp, String> 
     s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
     s.write_all(body).map_err(|e| e.to_string())?;
     conn.try_read_response()
-}
-
-fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("work");
-    std::fs::create_dir(&dir).unwrap();
-    (tmp, dir)
 }
 
 /// One-byte chunks `from..to` in order on one keep-alive connection, each answer checked whole;
@@ -54,7 +47,7 @@ fn one_byte_chunks(r: &Receiver, data: &[u8], from: usize, to: usize) -> (Durati
 #[test]
 fn twenty_thousand_one_byte_chunks_with_a_restart_in_the_middle() {
     let data = random_bytes(20_000, 80);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let mut r = Receiver::for_data(&dir, &data, &[]);
     let (wall1, cpu1) = one_byte_chunks(&r, &data, 0, 10_000);
     let before = r.status();
@@ -100,7 +93,7 @@ fn what_was_answered_survives_sigkill_under_concurrent_chunks() {
     for clients in [1usize, 2, 8, 32] {
         let part = 64 * 1024;
         let data = random_bytes(clients * part, 81 + clients as u64);
-        let (_tmp, dir) = tempdir();
+        let (_tmp, dir) = work_dir();
         let mut r = Receiver::for_data(&dir, &data, &[]);
         let stop = std::sync::atomic::AtomicBool::new(false);
         let answered: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {

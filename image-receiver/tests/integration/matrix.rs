@@ -36,7 +36,7 @@ use runr_testkit::{have_tool, skopeo, Registry};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::harness::Receiver;
+use crate::support::Receiver;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Format {
@@ -381,23 +381,18 @@ fn chunk_size(len: usize) -> usize {
     len.div_ceil(8).clamp(1, 256 << 10)
 }
 
-/// The chunks' indexes in `order`; a random order is a fixed permutation (xorshift seeded by
-/// the case's name), so a failure reproduces.
+/// The chunks' indexes in `order`; a random order is a fixed permutation (seeded by the
+/// case's name), so a failure reproduces.
 fn chunk_order(count: usize, order: Order, seed: &str) -> Vec<usize> {
     let mut v: Vec<usize> = (0..count).collect();
     match order {
         Order::Forward => {}
         Order::Reversed => v.reverse(),
         Order::Random => {
-            let mut x = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            let seed = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                 (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-            }) | 1;
-            for i in (1..v.len()).rev() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                v.swap(i, (x % (i as u64 + 1)) as usize);
-            }
+            });
+            runr_testkit::random::Rng::new(seed).shuffle(&mut v);
         }
     }
     v

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::harness::BIN;
+use crate::support::BIN;
 
 fn run(env: &[(&str, &str)]) -> (i32, String) {
     let out = Command::new(BIN)

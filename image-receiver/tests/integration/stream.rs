@@ -30,7 +30,7 @@ use runr_testkit::tools::skopeo_output;
 use runr_testkit::{have_tool, http_get_status, Registry};
 use serde_json::Value;
 
-use crate::harness::{sha256_hex, Receiver};
+use crate::support::{sha256_hex, Receiver};
 
 /// Chunk size of these uploads: several chunks per large blob, so a blob streams across them.
 const CHUNK: usize = 1 << 20;
@@ -615,12 +615,12 @@ fn many_status_readers_during_the_push_see_monotone_progress() {
             std::thread::spawn(move || {
                 let (mut blobs, mut bytes, mut answers) = (0u64, 0u64, 0u64);
                 while !done.load(Ordering::SeqCst) {
-                    let (code, s) = crate::harness::request(
+                    let (code, s) = crate::support::request(
                         addr,
                         "GET",
                         "/status",
                         &[],
-                        crate::harness::Body::None,
+                        crate::support::Body::None,
                     );
                     assert_eq!(code, 200, "{s}");
                     assert!(s["status"].is_string() && s["size"].is_u64(), "{s}");
@@ -671,14 +671,8 @@ fn a_shuffled_upload_is_pushed_whole() {
     let repo = "runr-uploads/platform/shuffled";
     let r = receiver(work.path(), &reg, repo, &data, &[]);
     let mut order: Vec<usize> = (0..chunk_count(&data)).collect();
-    // A fixed permutation (xorshift), so a failure reproduces.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    for i in (1..order.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
-    }
+    // A fixed permutation, so a failure reproduces.
+    runr_testkit::random::Rng::new(0x2545_f491_4f6c_dd1d).shuffle(&mut order);
     put_range(&r, &data, order.into_iter());
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);

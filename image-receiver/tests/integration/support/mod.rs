@@ -36,19 +36,10 @@ pub fn sha256_hex(data: &[u8]) -> String {
     String::from_utf8(out.stdout).unwrap()[..64].to_string()
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+pub use runr_testkit::{work_dir, KIB, MIB};
+
+/// Deterministic pseudo-random bytes, so failures reproduce.
+pub use runr_testkit::random::bytes as random_bytes;
 
 /// A running receiver and the environment it was started with.
 pub struct Receiver {

@@ -27,7 +27,7 @@ use runr_testkit::tools::skopeo_output;
 use runr_testkit::{have_tool, Registry};
 use serde_json::Value;
 
-use crate::harness::Receiver;
+use crate::support::Receiver;
 
 const REPO: &str = "runr-uploads/platform/held";
 /// The blob whose upload the proxy holds: large enough that the socket buffers between the

@@ -12,7 +12,7 @@ use runr_testkit::tools::skopeo_output;
 use runr_testkit::{have_tool, TlsRegistry, TokenRegistry};
 use serde_json::Value;
 
-use crate::harness::Receiver;
+use crate::support::Receiver;
 
 const USER: &str = "runr";
 /// A blank and a colon: the password must reach the token service as it is.

@@ -6,21 +6,12 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use runr_testkit::Registry;
 
-use crate::harness::*;
-
-const MIB: usize = 1024 * 1024;
-
-fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("work");
-    std::fs::create_dir(&dir).unwrap();
-    (tmp, dir)
-}
+use crate::support::*;
 
 #[test]
 fn resumes_after_sigkill_with_the_same_counts() {
     let data = random_bytes(4 * MIB + 999, 10);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let mut r = Receiver::for_data(&dir, &data, &[]);
     // The first MiB, and a piece in the middle: a prefix and a gap.
     assert_eq!(r.put(0, &data[..MIB]).0, 200);
@@ -59,7 +50,7 @@ fn resumes_after_sigkill_with_the_same_counts() {
 fn sigkill_mid_chunk_claims_nothing_of_it() {
     use std::io::Write;
     let data = random_bytes(4 * MIB, 13);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let mut r = Receiver::for_data(&dir, &data, &[]);
     assert_eq!(r.put(0, &data[..MIB]).0, 200);
     // Most of a 2 MiB chunk: its first batch reaches the data file, the chunk never ends.
@@ -95,7 +86,7 @@ fn sigkill_mid_chunk_claims_nothing_of_it() {
 #[test]
 fn state_of_another_upload_is_discarded() {
     let data = random_bytes(MIB, 11);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     {
         let r = Receiver::for_data(&dir, &data, &[]);
         assert_eq!(r.put(0, &data[..1000]).0, 200);
@@ -113,7 +104,7 @@ fn state_of_another_upload_is_discarded() {
 fn digest_mismatch_reopens_the_upload() {
     let data = random_bytes(2 * MIB, 20);
     let declared = sha256_hex(b"something else");
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_SHA256", &declared)]);
     assert_eq!(r.put(MIB as u64, &data[MIB..]).0, 200);
     assert_eq!(r.put(0, &data[..MIB]).0, 200);
@@ -143,7 +134,7 @@ fn digest_mismatch_reopens_the_upload() {
 #[test]
 fn sigterm_stops_cleanly() {
     let data = random_bytes(1000, 30);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let mut r = Receiver::for_data(&dir, &data, &[]);
     r.signal(Signal::SIGTERM);
     let status = r.wait_exit(Duration::from_secs(15));
@@ -159,7 +150,7 @@ fn a_push_cut_by_sigkill_is_resumed_after_restart() {
     let black_hole = std::net::TcpListener::bind(registry.addr()).expect("bind the registry port");
     let module = b"\0asm\x01\0\0\0".to_vec();
     let target = format!("{}/runr-uploads/test/cut:1", registry.host());
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let mut r = Receiver::for_data(&dir, &module, &[("RUNR_UPLOAD_TARGET", &target)]);
     assert_eq!(r.put(0, &module).0, 200);
     assert_eq!(r.complete().0, 202);
@@ -182,7 +173,7 @@ fn a_registry_with_basic_auth_takes_the_push_with_the_right_credentials_only() {
     let module = b"\0asm\x01\0\0\0".to_vec();
     let target = format!("{}/runr-uploads/test/auth:1.0", registry.host());
     for (password, expect) in [("wrong", "failed"), ("s3cret", "completed")] {
-        let (_tmp, dir) = tempdir();
+        let (_tmp, dir) = work_dir();
         let r = Receiver::for_data(
             &dir,
             &module,
@@ -226,7 +217,7 @@ fn wasm_module_is_pushed_and_its_digest_read_back() {
     // The smallest valid module: magic and version.
     let module = b"\0asm\x01\0\0\0".to_vec();
     let target = format!("{}/runr-uploads/test/q:1.0", registry.host());
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(
         &dir,
         &module,

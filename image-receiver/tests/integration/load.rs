@@ -14,9 +14,7 @@ use runr_testkit::http::Conn;
 use runr_testkit::{skopeo, Registry};
 use serde_json::Value;
 
-use crate::harness::*;
-
-const MIB: u64 = 1024 * 1024;
+use crate::support::*;
 
 /// A classic `docker save` archive of `layers` layers, each a tar of one file of `size` random
 /// bytes, written with real tools (openssl rand, tar, sha256sum) into `dir`; RepoTags
@@ -62,9 +60,9 @@ rm -rf a
 fn sixty_four_concurrent_8_mib_chunks_then_the_push_within_64_mib() {
     let reg = Registry::start();
     let tmp = tempfile::tempdir().unwrap();
-    let archive = big_classic_archive(tmp.path(), 4, 128 * MIB - 64 * 1024);
+    let archive = big_classic_archive(tmp.path(), 4, 128 * MIB as u64 - 64 * 1024);
     let size = std::fs::metadata(&archive).unwrap().len();
-    let chunk = 8 * MIB;
+    let chunk = 8 * MIB as u64;
     assert!(size <= 64 * chunk && size > 63 * chunk, "{size}");
     let dir = tmp.path().join("work");
     std::fs::create_dir(&dir).unwrap();

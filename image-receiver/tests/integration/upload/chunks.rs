@@ -1,8 +1,6 @@
 //! Chunks in any order, sent again, overlapping, concurrent; and every refusal.
 
-use crate::harness::*;
-
-const MIB: usize = 1024 * 1024;
+use crate::support::*;
 
 /// The bytes from 0 without a gap and the distinct bytes, of a bitmap of what was sent.
 fn model(held: &[bool]) -> (u64, u64) {
@@ -11,17 +9,10 @@ fn model(held: &[bool]) -> (u64, u64) {
     (prefix, total)
 }
 
-fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("work");
-    std::fs::create_dir(&dir).unwrap();
-    (tmp, dir)
-}
-
 #[test]
 fn random_order_duplicates_and_overlaps_merge() {
     let data = random_bytes(5 * MIB + 12_345, 1);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[]);
     let s = r.status();
     assert_eq!(s["status"], "ready");
@@ -86,7 +77,7 @@ fn random_order_duplicates_and_overlaps_merge() {
 #[test]
 fn concurrent_overlapping_puts() {
     let data = random_bytes(6 * MIB, 2);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[]);
     let step = 256 * 1024;
     // Every 256 KiB piece is sent twice by different threads, and each thread's pieces overlap
@@ -126,7 +117,7 @@ fn concurrent_overlapping_puts() {
 #[test]
 fn chunked_transfer_encoding_is_accepted() {
     let data = random_bytes(3 * MIB + 7, 3);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[]);
     let (code, body) = r.put_chunked(0, &data[..2 * MIB]);
     assert_eq!(code, 200, "{body}");
@@ -141,7 +132,7 @@ fn chunked_transfer_encoding_is_accepted() {
 fn refusals() {
     let size = 20 * MIB;
     let data = random_bytes(size, 4);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[]);
     let expect = |(code, body): (u16, serde_json::Value), want: u16, want_code: &str| {
         assert_eq!(code, want, "{body}");

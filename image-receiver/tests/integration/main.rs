@@ -2,7 +2,7 @@
 //! and the image pipeline, against real registries (`docker-registry`) and inputs made by real
 //! tools.
 //!
-//! - [`harness`]: the receiver under test (`PORT=0`, the port read from its `listening` line)
+//! - [`support`]: the receiver under test (`PORT=0`, the port read from its `listening` line)
 //!   and JSON over `testkit::http`;
 //! - `upload`: the chunk protocol, refusals, restarts, verification, bad configuration;
 //! - `image`: every format pushed and pulled back blob by blob, bad inputs, registry trouble,
@@ -20,11 +20,11 @@
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right
 //!   credentials or CA, and what a refusal or a certificate problem says.
 
-mod harness;
 mod image;
 mod load;
 mod matrix;
 mod push;
 mod registry_auth;
 mod stream;
+mod support;
 mod upload;

@@ -9,22 +9,12 @@ use std::time::{Duration, Instant};
 
 use runr_testkit::http::{Conn, Resp};
 
-use crate::harness::*;
-
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
+use crate::support::*;
 
 /// What the test's stalled chunks declare and what they send before they stop: the chunk of the
 /// issue, 1.2 MiB of which 1 MiB + 1000 bytes arrive.
 const DECLARED: usize = MIB + MIB / 5;
 const SENT: usize = MIB + 1000;
-
-fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("work");
-    std::fs::create_dir(&dir).unwrap();
-    (tmp, dir)
-}
 
 /// A client that sends the head and the first `SENT` bytes of a chunk at `offset`, then stops,
 /// keeping the connection open.
@@ -121,7 +111,7 @@ fn finish(r: &Receiver, data: &[u8], step: usize, deadline: Duration) -> u32 {
 #[test]
 fn a_stalled_chunk_is_abandoned_and_another_client_finishes_the_upload() {
     let data = random_bytes(3 * MIB, 70);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_CHUNK_IDLE", "1s")]);
     let stalled = stall(r.addr, &data, 0);
     // Its first batch (most of the first MiB) reached the data file: those bytes are
@@ -156,7 +146,7 @@ fn a_stalled_chunk_is_abandoned_and_another_client_finishes_the_upload() {
 fn many_stalled_chunks_and_many_clients() {
     for (stallers, senders) in [(1usize, 1usize), (2, 2), (8, 8), (32, 8)] {
         let data = random_bytes(stallers * 2 * MIB, 71 + stallers as u64);
-        let (_tmp, dir) = tempdir();
+        let (_tmp, dir) = work_dir();
         let r = Receiver::for_data(&dir, &data, &[("RUNR_UPLOAD_CHUNK_IDLE", "1500ms")]);
         let conns: Vec<Conn> = (0..stallers)
             .map(|i| stall(r.addr, &data, i * 2 * MIB))
@@ -210,7 +200,7 @@ fn server_timer(server_port: u16, client_port: u16) -> Option<u32> {
 #[test]
 fn accepted_connections_have_tcp_keepalive() {
     let data = random_bytes(1000, 72);
-    let (_tmp, dir) = tempdir();
+    let (_tmp, dir) = work_dir();
     let r = Receiver::for_data(&dir, &data, &[]);
     let mut conns: Vec<Conn> = (0..8).map(|_| Conn::open(r.addr)).collect();
     for conn in &mut conns {

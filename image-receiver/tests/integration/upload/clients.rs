@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use runr_testkit::http::{self, Conn, Resp};
 
-use crate::harness::*;
+use crate::support::*;
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
