@@ -9,9 +9,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::Trigger;
-use crate::envelope::{whole_envelope, Request};
+use crate::envelope::{encoded, whole_envelope};
+use crate::invoke::exec::env::exec_env;
 use crate::process::arg_limit::ArgLimit;
 use crate::process::{read_line_capped, Line};
+use crate::request::Request;
 use crate::response::{self, Reply};
 
 /// The request → envelope encoder: a request made from `data` (first byte: trigger and
@@ -53,7 +55,7 @@ pub fn envelope(data: &[u8]) {
         Bytes::copy_from_slice(body),
     );
 
-    let streamed = req.envelope_json();
+    let streamed = encoded(&req);
     assert_eq!(streamed, whole_envelope(&req), "streamed and whole differ");
     assert!(!streamed.contains(&b'\n'), "the envelope is one line");
     let value: serde_json::Value = serde_json::from_slice(&streamed).expect("valid JSON");
@@ -69,7 +71,7 @@ pub fn envelope(data: &[u8]) {
     };
     assert_eq!(decoded, body, "the body comes back");
 
-    let env = req.exec_env();
+    let env = exec_env(&req);
     let mut names: Vec<_> = env.iter().map(|(k, _)| k.clone()).collect();
     names.sort();
     names.dedup();
@@ -192,8 +194,8 @@ pub mod lambda {
     use serde_json::Value;
 
     use crate::config::Trigger;
-    use crate::envelope::Request;
     use crate::invoke::lambda::{api, events, result};
+    use crate::request::Request;
 
     /// Runtime API bodies and result mapping: an error body (with an error-type header taken
     /// from the input), the result as every trigger maps it, the HTTP-integration prelude read

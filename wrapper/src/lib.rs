@@ -10,10 +10,13 @@
 //! - `schedule`, `install`: the schedule one-shots; copying the binary;
 //! - `http`: the server of exec/persistent mode (admission control), the observed proxy, http
 //!   mode's direct run, the metrics endpoint;
-//! - `invoke`: one invocation in exec or persistent mode, and its observation hook;
-//! - `request`: what is decided about a request before any mode runs it (its trigger);
-//! - `envelope`, `response`: request → what the handler reads; what it wrote → answer (and the
-//!   error classes of the wrapper's own answers);
+//! - `invoke`: one invocation in exec, persistent or lambda mode (exec mode with its
+//!   variables), and its observation hook;
+//! - `envelope`: the JSON envelope a handler reads, encoded from the request as it is written;
+//! - `request`: the request value every mode uses, its id and CloudEvent, which trigger sent
+//!   it, its body (read only once a handler can take it) and the body's errors;
+//! - `response`: what the handler wrote → the answer (and the error classes of the wrapper's
+//!   own answers);
 //! - `process`: spawning in process groups (fd 3 included), the handler's log pipes, and the
 //!   one reaper;
 //! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, metrics,

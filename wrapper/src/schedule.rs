@@ -13,11 +13,11 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use runr_tick::{ScheduleEvent, Target, TickResponse};
 
 use crate::config::{Config, Mode, Trigger};
-use crate::envelope::Request;
 use crate::http::direct;
 use crate::invoke::{self, display_timeout, Invoker};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, Failure, Finished};
+use crate::request::Request;
 
 /// Runs the configured mode's schedule one-shot; returns the exit status. The observer and the
 /// reaper are the caller's ([`crate::commands`]).

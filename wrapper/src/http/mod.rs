@@ -27,9 +27,9 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 
-use crate::envelope::BodyError;
 use crate::invoke::display_timeout;
 use crate::observe::metrics::Rejected;
+use crate::request::body::BodyError;
 use crate::response::{ErrorClass, Reply};
 
 /// How long in-flight requests get to finish after SIGTERM.

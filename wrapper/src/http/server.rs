@@ -32,12 +32,14 @@ use super::linger::{Linger, Unread};
 use super::{into_response, is_probe, preflight, serve_connections, Refusal};
 use crate::config::memory::BudgetSource;
 use crate::config::{Config, Mode, Trigger};
-use crate::envelope::{BodyError, BodyReader, Request, BODY_PIECE, MAX_BODY, WRITE_CHUNK};
+use crate::envelope::{BODY_PIECE, WRITE_CHUNK};
 use crate::invoke::lambda::{self, StreamedBody};
 use crate::invoke::{self, Invoker, Outcome};
 use crate::observe;
 use crate::observe::metrics::{self, Invocation};
+use crate::request::body::{BodyError, BodyReader, MAX_BODY};
 use crate::request::trigger::TriggerRule;
+use crate::request::Request;
 use crate::response::{self, Reply};
 
 /// An answer's body: whole, or streamed by a Lambda runtime.

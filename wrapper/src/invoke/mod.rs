@@ -16,7 +16,6 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use crate::config::{Config, Mode};
-use crate::envelope::{BodyReader, Request};
 use crate::http::admission::Held;
 use crate::observe::logs::{self, InvocationLine, Tag};
 use crate::observe::metrics::{self, Invocation};
@@ -24,6 +23,8 @@ use crate::observe::trace::{self, Span};
 use crate::observe::{self, Failure, Finished};
 use crate::process::arg_limit::TooLarge;
 use crate::process::reaper::Exit;
+use crate::request::body::BodyReader;
+use crate::request::Request;
 use crate::response::{ErrorClass, Reply};
 use exec::Exec;
 use lambda::Lambda;

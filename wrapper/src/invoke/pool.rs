@@ -31,12 +31,13 @@ use tokio::time::Instant;
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::handler::HandlerConfig;
 use crate::config::Config;
-use crate::envelope::{EnvelopeStream, Request, WRITE_CHUNK};
+use crate::envelope::{self, WRITE_CHUNK};
 use crate::observe::logs::{HandlerLog, Stream, Tag};
 use crate::observe::metrics::{self, Held};
 use crate::process::lines::LinePipe;
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Line, Process};
+use crate::request::Request;
 use crate::response;
 
 /// Restart delay after a worker that served a request or ran long enough.
@@ -1055,7 +1056,7 @@ fn answer_in(
 /// Writes the envelope of `req` and a newline, counting in `written` what the pipe took.
 /// Returns whether all of it went in.
 async fn write_line(w: &mut pipe::Sender, req: &Request, written: &AtomicUsize) -> bool {
-    let mut envelope = EnvelopeStream::new(req);
+    let mut envelope = envelope::encode(req);
     let mut piece = Vec::new();
     loop {
         let more = envelope.fill(&mut piece, WRITE_CHUNK);

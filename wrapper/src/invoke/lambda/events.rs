@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::md5;
-use crate::envelope::Request;
+use crate::request::Request;
 
 /// The account id in ARNs and events: RunR has no AWS account behind it.
 pub const ACCOUNT_ID: &str = "000000000000";

@@ -39,8 +39,8 @@ use tokio::time::Instant;
 
 use super::{Ended, Outcome, Started};
 use crate::config::{Config, Trigger};
-use crate::envelope::Request;
 use crate::observe::trace;
+use crate::request::Request;
 use crate::response::{ErrorClass, Reply, OCTETS};
 use api::Api;
 use result::{FunctionError, Prelude};

@@ -3,6 +3,8 @@
 //! to the logs line by line, tied to the invocation; the process group dies on timeout (after
 //! `RUNR_KILL_GRACE`, if set).
 
+pub(crate) mod env;
+
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
@@ -20,7 +22,7 @@ use tokio::time::Instant;
 
 use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
-use crate::envelope::{BodyError, BodyReader, EnvelopeStream, Request, WRITE_CHUNK};
+use crate::envelope::{self, WRITE_CHUNK};
 use crate::http::admission::Held;
 use crate::observe::logs::{self, HandlerLog, Stream, Tag};
 use crate::observe::metrics;
@@ -29,6 +31,8 @@ use crate::process::lines::{self, LinePipe};
 use crate::process::prepared::{self, Prepared};
 use crate::process::reaper::Exit;
 use crate::process::{self, Drained, Process};
+use crate::request::body::{BodyError, BodyReader};
+use crate::request::Request;
 use crate::response;
 
 /// Starts the handler once per invocation.
@@ -102,7 +106,7 @@ impl Exec {
     /// Whether `req`'s variables can be passed to the handler at all (the headers are what a
     /// client controls: one too long, or all together too many).
     pub fn check(&self, req: &Request) -> Result<(), TooLarge> {
-        self.args.check(req.exec_vars())
+        self.args.check(env::vars(req))
     }
 
     /// Runs the handler for `req` until `deadline` and maps what it did to an answer; its log
@@ -121,14 +125,14 @@ impl Exec {
             // The peak RSS comes from wait4 through std's `Child`: when the invocation line
             // that reports it is written, std spawns.
             if let (Some(prepared), false) = (&self.prepared, logs::invocation_logged()) {
-                return prepared::spawn(prepared, req.exec_vars(), child_end, self.result_fd)
+                return prepared::spawn(prepared, env::vars(req), child_end, self.result_fd)
                     .map(|p| (p, stdin));
             }
             let child_end = Stdio::from(child_end);
             let mut cmd = Command::new(&self.program);
             cmd.arg0(&self.command[0])
                 .args(&self.command[1..])
-                .envs(req.exec_vars().iter().map(|(k, v)| (k, v)))
+                .envs(env::vars(req).iter().map(|(k, v)| (k, v)))
                 .stdin(child_end)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -293,7 +297,7 @@ impl Feed<'_> {
     async fn write_to(self, w: &mut Stdin) -> Result<(), BodyError> {
         match self {
             Feed::Envelope(req) => {
-                let mut envelope = EnvelopeStream::new(req);
+                let mut envelope = envelope::encode(req);
                 let mut piece = Vec::new();
                 loop {
                     let more = envelope.fill(&mut piece, WRITE_CHUNK);
