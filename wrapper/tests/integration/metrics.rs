@@ -186,13 +186,15 @@ fn inflight_and_queued_gauges_while_requests_run_and_wait() {
     let w = Wrapper::start(&v);
     let m = metrics_addr(&w);
     assert_eq!(w.get("/").status, 200);
-    // One worker: the first request runs, the next two wait.
+    // One worker: the first request runs, the next two wait, all three until the gate opens
+    // (however slowly a busy machine lets the three arrive).
     let addr = w.addr();
+    let (_dir, gate) = runr_testkit::work_dir();
+    let target = format!("/gate?file={}", gate.join("open").display());
     let slow: Vec<_> = (0..3)
         .map(|_| {
-            std::thread::spawn(move || {
-                Conn::open(addr).send("GET", "/sleep?s=1.5", &[], Body::None)
-            })
+            let target = target.clone();
+            std::thread::spawn(move || Conn::open(addr).send("GET", &target, &[], Body::None))
         })
         .collect();
     let s = wait_for("one running, two queued", Duration::from_secs(20), || {
@@ -201,6 +203,7 @@ fn inflight_and_queued_gauges_while_requests_run_and_wait() {
             && s.value("runr_queued_invocations", &[]) == 2.0)
             .then_some(s)
     });
+    std::fs::write(gate.join("open"), b"").unwrap();
     assert_eq!(s.value("runr_workers_alive", &[]), 1.0);
     for t in slow {
         assert_eq!(t.join().unwrap().status, 200);

@@ -231,7 +231,8 @@ else:
     ),
     (
         // Persistent: echoes path, worker slot and pid; prints a non-JSON line first; exits on
-        // /exit, sleeps on /sleep?s=N, answers a huge line on /huge, leaves a grandchild on /gc.
+        // /exit, sleeps on /sleep?s=N, waits on /gate?file=F until F exists, answers a huge
+        // line on /huge, leaves a grandchild on /gc.
         "worker.py",
         r#"import json, os, subprocess, sys, time
 print("worker booting", flush=True)
@@ -243,6 +244,9 @@ for line in sys.stdin:
         sys.exit(3)
     if path == "/sleep":
         time.sleep(float(req["query"].get("s", "60")))
+    if path == "/gate":
+        while not os.path.exists(req["query"]["file"]):
+            time.sleep(0.01)
     if path == "/gc":
         p = subprocess.Popen(["sleep", "60"])
         with open(req["query"]["file"], "w") as f:
