@@ -269,103 +269,40 @@ impl Metrics {
 
     /// The Prometheus text exposition format (version 0.0.4) of every metric.
     pub fn render(&self) -> String {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let usual = usize::from(self.usual.load(Ordering::Relaxed)).min(2);
         // The pod's usual trigger always, the others once they had an invocation.
         let shown: Vec<(&str, &PerTrigger)> = TRIGGERS
             .iter()
             .zip(&self.by_trigger)
             .enumerate()
-            .filter(|(i, (_, t))| *i == usual || get(&t.count) > 0)
+            .filter(|(i, (_, t))| *i == usual || load(&t.count) > 0)
             .map(|(_, (trigger, t))| (trigger.as_str(), t))
             .collect();
         let mut out = String::with_capacity(4096);
-        header(
-            &mut out,
-            "faas_invocations_total",
-            "counter",
-            "Invocations by trigger and status class.",
-        );
-        for (trigger, t) in &shown {
-            for (class, n) in t.invocations.iter().enumerate().skip(1) {
-                let n = get(n);
-                // 2xx-5xx always (zero included), other classes once they happened.
-                if (2..=5).contains(&class) || n > 0 {
-                    let _ = writeln!(
-                        out,
-                        "faas_invocations_total{{trigger=\"{trigger}\",code=\"{class}xx\"}} {n}"
-                    );
-                }
-            }
-        }
-        header(
-            &mut out,
-            "faas_errors_total",
-            "counter",
-            "Invocations answered by the wrapper instead of the handler, by error class.",
-        );
-        for (trigger, t) in &shown {
-            for (class, n) in COUNTED.iter().zip(&t.errors) {
-                let _ = writeln!(
-                    out,
-                    "faas_errors_total{{trigger=\"{trigger}\",type=\"{}\"}} {}",
-                    class.as_str(),
-                    get(n)
-                );
-            }
-        }
-        per_trigger(
-            &mut out,
-            "faas_timeouts_total",
-            "Invocations that ran into the timeout.",
-            &shown,
-            |t| get(&t.timeouts),
-        );
-        per_trigger(
-            &mut out,
-            "faas_coldstarts_total",
-            "First invocations of a process (the wrapper in exec mode, each worker in persistent mode).",
-            &shown,
-            |t| get(&t.coldstarts),
-        );
-        header(
-            &mut out,
-            "faas_invoke_duration_seconds",
-            "histogram",
-            "Time from a request's arrival to its answer.",
-        );
-        for (trigger, t) in &shown {
-            let mut cumulative = 0;
-            for (le, n) in BUCKETS.iter().zip(&t.buckets) {
-                cumulative += get(n);
-                let _ = writeln!(
-                    out,
-                    "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let count = get(&t.count);
-            let _ = writeln!(
-                out,
-                "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"+Inf\"}} {count}\n\
-                 faas_invoke_duration_seconds_sum{{trigger=\"{trigger}\"}} {}\n\
-                 faas_invoke_duration_seconds_count{{trigger=\"{trigger}\"}} {count}",
-                get(&t.sum_nanos) as f64 / 1e9
-            );
-        }
+        invocations(&mut out, &shown);
+        durations(&mut out, &shown);
+        self.gauges(&mut out);
+        self.rejections(&mut out);
+        out
+    }
+
+    /// The gauges (and the persistent workers' restarts).
+    fn gauges(&self, out: &mut String) {
+        let get = load;
         gauge(
-            &mut out,
+            out,
             "runr_inflight_invocations",
             "Invocations running in a handler now.",
             self.inflight.load(Ordering::Relaxed),
         );
         gauge(
-            &mut out,
+            out,
             "runr_queued_invocations",
             "Requests waiting for a handler now.",
             self.queued.load(Ordering::Relaxed),
         );
         gauge(
-            &mut out,
+            out,
             "runr_inflight_bytes",
             "Bytes held for invocations now: buffered bodies, envelopes, answers, captures.",
             self.inflight_bytes.load(Ordering::Relaxed),
@@ -373,7 +310,7 @@ impl Metrics {
         let budget = self.budget_bytes.load(Ordering::Relaxed);
         if budget >= 0 {
             gauge(
-                &mut out,
+                out,
                 "runr_inflight_bytes_limit",
                 "RUNR_MAX_INFLIGHT_BYTES: bytes held for invocations at most.",
                 budget,
@@ -382,7 +319,7 @@ impl Metrics {
         let limit = self.memory_limit.load(Ordering::Relaxed);
         if limit >= 0 {
             gauge(
-                &mut out,
+                out,
                 "runr_memory_limit_bytes",
                 "The memory limit of the wrapper's cgroup, read at start.",
                 limit,
@@ -390,7 +327,7 @@ impl Metrics {
         }
         if self.persistent.load(Ordering::Relaxed) {
             header(
-                &mut out,
+                out,
                 "runr_worker_restarts_total",
                 "counter",
                 "Persistent workers started again after one exited or was killed.",
@@ -401,14 +338,19 @@ impl Metrics {
                 get(&self.worker_restarts)
             );
             gauge(
-                &mut out,
+                out,
                 "runr_workers_alive",
                 "Persistent workers started and running.",
                 self.workers_alive(),
             );
         }
+    }
+
+    /// `runr_rejected_total`.
+    fn rejections(&self, out: &mut String) {
+        let get = load;
         header(
-            &mut out,
+            out,
             "runr_rejected_total",
             "counter",
             "Requests refused before a handler ran, by reason.",
@@ -421,7 +363,93 @@ impl Metrics {
                 get(n)
             );
         }
-        out
+    }
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// `faas_invocations_total`, `faas_errors_total`, `faas_timeouts_total`,
+/// `faas_coldstarts_total` of the `shown` triggers.
+fn invocations(out: &mut String, shown: &[(&str, &PerTrigger)]) {
+    let get = load;
+    header(
+        out,
+        "faas_invocations_total",
+        "counter",
+        "Invocations by trigger and status class.",
+    );
+    for (trigger, t) in shown {
+        for (class, n) in t.invocations.iter().enumerate().skip(1) {
+            let n = get(n);
+            // 2xx-5xx always (zero included), other classes once they happened.
+            if (2..=5).contains(&class) || n > 0 {
+                let _ = writeln!(
+                    out,
+                    "faas_invocations_total{{trigger=\"{trigger}\",code=\"{class}xx\"}} {n}"
+                );
+            }
+        }
+    }
+    header(
+        out,
+        "faas_errors_total",
+        "counter",
+        "Invocations answered by the wrapper instead of the handler, by error class.",
+    );
+    for (trigger, t) in shown {
+        for (class, n) in COUNTED.iter().zip(&t.errors) {
+            let _ = writeln!(
+                out,
+                "faas_errors_total{{trigger=\"{trigger}\",type=\"{}\"}} {}",
+                class.as_str(),
+                get(n)
+            );
+        }
+    }
+    per_trigger(
+        out,
+        "faas_timeouts_total",
+        "Invocations that ran into the timeout.",
+        shown,
+        |t| get(&t.timeouts),
+    );
+    per_trigger(
+        out,
+        "faas_coldstarts_total",
+        "First invocations of a process (the wrapper in exec mode, each worker in persistent mode).",
+        shown,
+        |t| get(&t.coldstarts),
+    );
+}
+
+/// `faas_invoke_duration_seconds` of the `shown` triggers.
+fn durations(out: &mut String, shown: &[(&str, &PerTrigger)]) {
+    let get = load;
+    header(
+        out,
+        "faas_invoke_duration_seconds",
+        "histogram",
+        "Time from a request's arrival to its answer.",
+    );
+    for (trigger, t) in shown {
+        let mut cumulative = 0;
+        for (le, n) in BUCKETS.iter().zip(&t.buckets) {
+            cumulative += get(n);
+            let _ = writeln!(
+                out,
+                "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let count = get(&t.count);
+        let _ = writeln!(
+            out,
+            "faas_invoke_duration_seconds_bucket{{trigger=\"{trigger}\",le=\"+Inf\"}} {count}\n\
+             faas_invoke_duration_seconds_sum{{trigger=\"{trigger}\"}} {}\n\
+             faas_invoke_duration_seconds_count{{trigger=\"{trigger}\"}} {count}",
+            get(&t.sum_nanos) as f64 / 1e9
+        );
     }
 }
 
