@@ -1,6 +1,8 @@
 //! Handler output → HTTP response: a response envelope (`statusCode` / `headers` / `body`) or a
 //! raw body. Any bytes give a well-formed answer; nothing here can panic on user output.
 
+use std::time::Duration;
+
 use base64::Engine;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -101,6 +103,13 @@ impl Reply {
         reply
     }
 
+    /// 504 `handler timed out after 30s`: what every mode answers when `RUNR_TIMEOUT` (`timeout`)
+    /// passes, whether the handler was running or the request still waited in line.
+    pub fn timed_out(timeout: Duration) -> Reply {
+        let message = format!("handler timed out after {}", display_timeout(timeout));
+        Reply::failure(ErrorClass::Timeout, StatusCode::GATEWAY_TIMEOUT, &message)
+    }
+
     /// The class of a wrapper-made answer ([`Reply::failure`]); `None` for the handler's own.
     pub fn error_class(&self) -> Option<ErrorClass> {
         self.headers
@@ -116,6 +125,17 @@ impl Reply {
             headers: vec![(CONTENT_TYPE, HeaderValue::from_static(content_type))],
             body,
         }
+    }
+}
+
+/// A duration the way the 504 message and the start line show it: whole seconds as `30s`, else
+/// `2.5s`.
+pub fn display_timeout(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        let s = format!("{:.3}", d.as_secs_f64());
+        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
     }
 }
 
@@ -286,6 +306,13 @@ pub fn headers_from_json(headers: &Value, out: &mut Vec<(HeaderName, HeaderValue
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeout_display() {
+        assert_eq!(display_timeout(Duration::from_secs(30)), "30s");
+        assert_eq!(display_timeout(Duration::from_millis(2500)), "2.5s");
+        assert_eq!(display_timeout(Duration::from_millis(250)), "0.25s");
+    }
 
     impl Reply {
         fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {

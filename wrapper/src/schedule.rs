@@ -6,18 +6,19 @@
 //! - exec, persistent and lambda mode: one invocation with the same request through the
 //!   [`Invoker`] (lambda mode makes it an EventBridge Scheduled Event).
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use runr_tick::{ScheduleEvent, Target, TickResponse};
+use tokio::time::Instant;
 
 use crate::config::{Config, Mode, Trigger};
 use crate::http::direct;
-use crate::invoke::{self, display_timeout, Invoker};
-use crate::observe::trace::{self, Span};
-use crate::observe::{self, Failure, Finished};
+use crate::invoke::{Ended, Invocation, Invoker, Outcome};
+use crate::observe::trace;
 use crate::request::Request;
+use crate::response::{display_timeout, Reply};
 
 /// Runs the configured mode's schedule one-shot; returns the exit status. The observer and the
 /// reaper are the caller's ([`crate::commands`]).
@@ -55,90 +56,68 @@ async fn invoke_sequence(config: &Config) -> u8 {
     };
     let code = match stream {
         None => 1,
-        Some(stream) => {
-            let event = ScheduleEvent::new();
-            let started = Instant::now();
-            // With tracing on, the tick is the wrapper span's child, as in the observed proxy.
-            let span =
-                observe::global().and_then(|o| o.start_span(&HeaderMap::new(), SystemTime::now()));
-            let traceparent = span.as_ref().map(Span::traceparent);
-            let extra: Vec<(&str, &str)> = traceparent
-                .as_deref()
-                .map(|tp| (trace::TRACEPARENT, tp))
-                .into_iter()
-                .collect();
-            let sent = runr_tick::send_with(stream, &target, &event, &extra);
-            match tokio::time::timeout(config.timeout, sent).await {
-                Ok(Ok(response)) => {
-                    let failure = (response.status >= 500).then_some(Failure::Status);
-                    observe_tick(&event, span, response.status, failure, started.elapsed());
-                    runr_tick::print_response(&response)
-                }
-                Ok(Err(e)) => {
-                    tracing::error!("{}", runr_base::fmt::error_chain(&e));
-                    observe_tick(&event, span, 502, Some(Failure::Crash), started.elapsed());
-                    1
-                }
-                Err(_) => {
-                    tracing::error!(timeout = %display_timeout(config.timeout), "the server did not answer the schedule event in time");
-                    observe_tick(&event, span, 504, Some(Failure::Timeout), started.elapsed());
-                    1
-                }
-            }
-        }
+        Some(stream) => tick_once(stream, &target, config.timeout).await,
     };
     let exit = direct::stop(&mut server).await;
     tracing::debug!(status = exit.code(), "server stopped");
     code
 }
 
-/// Access line / span / capture of the http-mode tick, like any other invocation.
-fn observe_tick(
-    event: &ScheduleEvent,
-    span: Option<Span>,
-    status: u16,
-    failure: Option<Failure>,
-    took: Duration,
-) {
-    let Some(observer) = observe::global() else {
-        return;
+/// Sends the schedule CloudEvent on `stream` and prints the answer, observed like any other
+/// invocation; the exit status.
+async fn tick_once(stream: tokio::net::TcpStream, target: &Target, timeout: Duration) -> u8 {
+    let event = ScheduleEvent::new();
+    let inv = Invocation::new(schedule_request(&event), Instant::now(), timeout, None);
+    // With tracing on, the tick is the wrapper span's child, as in the observed proxy.
+    let traceparent = match inv.traced() {
+        true => inv.request().headers.get(trace::TRACEPARENT).cloned(),
+        false => None,
     };
-    let req = schedule_request(event);
-    observer.finish(Finished {
-        span,
-        trigger: req.trigger.as_str(),
-        method: &req.method,
-        path: &req.path,
-        query: &req.raw_query,
-        headers: &req.headers,
-        body: &req.body,
-        body_size: req.body.len() as u64,
-        status,
-        took,
-        failure,
-        cold_start: trace::take_cold_start(),
-        replaced_id: None,
-    });
+    let extra: Vec<(&str, &str)> = traceparent
+        .as_ref()
+        .and_then(|tp| tp.to_str().ok())
+        .map(|tp| (trace::TRACEPARENT, tp))
+        .into_iter()
+        .collect();
+    let sent = runr_tick::send_with(stream, target, &event, &extra);
+    let (outcome, code) = match tokio::time::timeout(timeout, sent).await {
+        Ok(Ok(response)) => {
+            let code = runr_tick::print_response(&response);
+            let reply = Reply {
+                status: StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY),
+                headers: Vec::new(),
+                body: Bytes::new(),
+            };
+            (Outcome::answered(reply), code)
+        }
+        Ok(Err(e)) => {
+            let message = runr_base::fmt::error_chain(&e);
+            tracing::error!("{message}");
+            let crashed = Outcome::failed(Ended::WorkerExited, StatusCode::BAD_GATEWAY, &message);
+            (crashed, 1)
+        }
+        Err(_) => {
+            tracing::error!(timeout = %display_timeout(timeout), "the server did not answer the schedule event in time");
+            (inv.timed_out(), 1)
+        }
+    };
+    inv.finish(&outcome);
+    code
 }
 
-/// exec and persistent mode: one invocation with the schedule request.
+/// exec, persistent and lambda mode: one invocation with the schedule request.
 async fn one_shot(config: &Config) -> u8 {
     let Some(invoker) = Invoker::new(config) else {
         return 1;
     };
     let event = ScheduleEvent::new();
-    let mut req = schedule_request(&event);
-    let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + config.timeout;
-    req.deadline_ms = Some(invoke::deadline_ms(deadline));
-    let mut span = invoke::start(&mut req);
-    span.begin();
-    let tag = span.tag(&req);
-    let req = std::sync::Arc::new(req);
-    let mut held = crate::http::admission::Held::unlimited();
-    let outcome = invoker.invoke(&req, None, deadline, tag, &mut held).await;
-    let body = (&req.body[..], req.body.len() as u64);
-    invoke::finish(&req, body, &outcome, started.elapsed(), span);
+    let inv = Invocation::new(
+        schedule_request(&event),
+        Instant::now(),
+        config.timeout,
+        None,
+    );
+    let outcome = invoker.invoke(inv).await;
     let response = TickResponse {
         status: outcome.reply.status.as_u16(),
         body: outcome.reply.body.clone(),

@@ -6,13 +6,14 @@
 //! needs more than the whole budget is refused with 413. The server asks before it reads a
 //! request's body, so waiting and refused requests hold no body in memory.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::Refusal;
+use crate::invoke::budget::{Budget, Held};
 use crate::observe::metrics;
 
 /// The slots, the byte budget and the line in front of them.
@@ -26,27 +27,18 @@ pub struct Admission {
 }
 
 /// A held slot and the bytes reserved with it; dropping it frees both for the next request in
-/// line ([`Slot::into_held`] keeps the bytes for as long as the answer is being written).
+/// line. [`Slot::split`] lets go of them at different times: the slot when the handler is done,
+/// the bytes once the answer has been written.
 #[derive(Debug)]
 pub struct Slot {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
     held: Held,
 }
 
 impl Slot {
-    /// The bytes held (to grow them by an answer, or give some back).
-    pub fn held(&mut self) -> &mut Held {
-        &mut self.held
-    }
-
-    /// Frees the slot, keeps the bytes.
-    pub fn into_held(self) -> Held {
-        self.held
-    }
-
     /// The slot alone and the bytes alone, to be let go of at different times.
     pub fn split(self) -> (OwnedSemaphorePermit, Held) {
-        (self._permit, self.held)
+        (self.permit, self.held)
     }
 }
 
@@ -79,11 +71,11 @@ impl Admission {
             match budget.map(|b| b.try_take(bytes)) {
                 None => {
                     return Ok(Slot {
-                        _permit: p,
+                        permit: p,
                         held: Held::unlimited(),
                     })
                 }
-                Some(Some(held)) => return Ok(Slot { _permit: p, held }),
+                Some(Some(held)) => return Ok(Slot { permit: p, held }),
                 // A slot but not the bytes: it keeps the slot while it waits for them.
                 Some(None) => permit = Some(p),
             }
@@ -110,10 +102,7 @@ impl Admission {
                 Some(b) => b.take(bytes).await,
                 None => Held::unlimited(),
             };
-            Ok(Slot {
-                _permit: permit,
-                held,
-            })
+            Ok(Slot { permit, held })
         };
         match tokio::time::timeout_at(deadline, wait).await {
             Ok(slot) => slot,
@@ -140,178 +129,6 @@ struct InLine<'a>(&'a AtomicUsize);
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-// === the byte budget ===
-
-/// The budget's unit: bytes are reserved in whole KiB (a semaphore counts permits in `u32`s
-/// per acquisition; in KiB one covers 4 TiB).
-const UNIT: u64 = 1024;
-
-/// Bytes held for invocations, `RUNR_MAX_INFLIGHT_BYTES` at most: a fair semaphore of
-/// [`UNIT`]s. A request reserves what it will hold before its body is read (and waits in line
-/// for it); what an invocation adds that nobody could know before (its answer) is charged when
-/// it is known, never waited for — an invocation under way is not stopped halfway — so the
-/// budget may be overdrawn by answers: then the next requests wait until enough was given back.
-/// The overdraft is `debt`, paid back first from what is released.
-#[derive(Debug)]
-pub struct Budget {
-    inner: Arc<BudgetInner>,
-}
-
-#[derive(Debug)]
-struct BudgetInner {
-    units: Semaphore,
-    total: u64,
-    /// Units charged beyond what the semaphore had.
-    debt: AtomicU64,
-}
-
-/// Bytes of a [`Budget`] held by one invocation; dropping it gives them back. Counted in bytes
-/// (many small charges add up exactly), held in whole units.
-#[derive(Debug)]
-pub struct Held {
-    budget: Option<Arc<BudgetInner>>,
-    bytes: u64,
-    units: u64,
-}
-
-fn units_of(bytes: u64) -> u64 {
-    bytes.div_ceil(UNIT)
-}
-
-impl Budget {
-    /// A budget of `bytes` (at least one unit).
-    pub fn new(bytes: u64) -> Budget {
-        let total = units_of(bytes).clamp(1, Semaphore::MAX_PERMITS as u64);
-        Budget {
-            inner: Arc::new(BudgetInner {
-                units: Semaphore::new(total as usize),
-                total,
-                debt: AtomicU64::new(0),
-            }),
-        }
-    }
-
-    /// Whether `bytes` fit in the whole budget at all.
-    pub fn fits(&self, bytes: u64) -> bool {
-        units_of(bytes) <= self.inner.total
-    }
-
-    /// `bytes` now if they are free and nobody waits.
-    pub fn try_take(&self, bytes: u64) -> Option<Held> {
-        let units = units_of(bytes);
-        if units == 0 {
-            return Some(self.held(0, 0));
-        }
-        let n = u32::try_from(units).ok()?;
-        let permits = self.inner.units.try_acquire_many(n).ok()?;
-        permits.forget();
-        Some(self.held(bytes, units))
-    }
-
-    /// `bytes`, waiting in line for them (they must [fit](Budget::fits)). Cancel-safe.
-    pub async fn take(&self, bytes: u64) -> Held {
-        let units = units_of(bytes).min(self.inner.total);
-        if units == 0 {
-            return self.held(0, 0);
-        }
-        let n = u32::try_from(units).unwrap_or(u32::MAX);
-        match self.inner.units.acquire_many(n).await {
-            Ok(permits) => permits.forget(),
-            // Never closed.
-            Err(_closed) => {}
-        }
-        let units = u64::from(n);
-        self.held(bytes.min(units * UNIT), units)
-    }
-
-    fn held(&self, bytes: u64, units: u64) -> Held {
-        metrics::get().inflight_bytes(i64::try_from(units * UNIT).unwrap_or(i64::MAX));
-        Held {
-            budget: Some(self.inner.clone()),
-            bytes,
-            units,
-        }
-    }
-
-    /// Units free now.
-    #[cfg(test)]
-    fn free(&self) -> usize {
-        self.inner.units.available_permits()
-    }
-}
-
-impl Held {
-    /// Holds nothing against no budget (unlimited).
-    pub fn unlimited() -> Held {
-        Held {
-            budget: None,
-            bytes: 0,
-            units: 0,
-        }
-    }
-
-    /// Holds `bytes` more, now: taken from what is free, the rest as an overdraft.
-    pub fn charge(&mut self, bytes: u64) {
-        let Some(b) = &self.budget else {
-            return;
-        };
-        self.bytes = self.bytes.saturating_add(bytes);
-        let units = units_of(self.bytes).saturating_sub(self.units);
-        if units == 0 {
-            return;
-        }
-        let want = usize::try_from(units).unwrap_or(usize::MAX);
-        let got = b.units.forget_permits(want) as u64;
-        if got < units {
-            b.debt.fetch_add(units - got, Ordering::SeqCst);
-        }
-        self.units += units;
-        metrics::get().inflight_bytes(i64::try_from(units * UNIT).unwrap_or(i64::MAX));
-    }
-
-    /// Gives back `bytes` of what it holds (what it turned out not to need).
-    pub fn release(&mut self, bytes: u64) {
-        self.bytes = self.bytes.saturating_sub(bytes);
-        let units = self.units.saturating_sub(units_of(self.bytes));
-        self.units -= units;
-        self.give_back(units);
-    }
-
-    fn give_back(&self, units: u64) {
-        let Some(b) = &self.budget else {
-            return;
-        };
-        if units == 0 {
-            return;
-        }
-        metrics::get().inflight_bytes(-i64::try_from(units * UNIT).unwrap_or(i64::MAX));
-        // The overdraft first: those units were never in the semaphore.
-        let mut paid = 0;
-        let _ = b
-            .debt
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |debt| {
-                paid = debt.min(units);
-                Some(debt - paid)
-            });
-        let back = usize::try_from(units - paid).unwrap_or(usize::MAX);
-        if back > 0 {
-            b.units.add_permits(back);
-        }
-    }
-
-    /// Bytes held now, in whole units.
-    #[cfg(test)]
-    fn bytes(&self) -> u64 {
-        self.units * UNIT
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.give_back(self.units);
     }
 }
 
@@ -427,39 +244,6 @@ mod tests {
         assert_eq!(a.waiting(), 0);
         // Requests without a body hold nothing and never wait for bytes.
         assert!(a.admit(far, 0).await.is_ok());
-    }
-
-    #[test]
-    fn answers_overdraw_and_the_overdraft_is_paid_back_first() {
-        let b = Budget::new(4 * UNIT);
-        let mut x = b.try_take(2 * UNIT).unwrap();
-        let y = b.try_take(2 * UNIT).unwrap();
-        assert_eq!(b.free(), 0);
-        assert!(b.try_take(1).is_none());
-        // An answer is charged even with nothing free: 2 units of debt.
-        x.charge(2 * UNIT);
-        assert_eq!(x.bytes(), 4 * UNIT);
-        // What y gives back pays the debt; nothing becomes free.
-        drop(y);
-        assert_eq!(b.free(), 0);
-        drop(x);
-        assert_eq!(b.free(), 4);
-        // A reservation that turned out too large gives the surplus back.
-        let mut z = b.try_take(4 * UNIT).unwrap();
-        z.release(3 * UNIT);
-        assert_eq!((z.bytes(), b.free()), (UNIT, 3));
-        drop(z);
-        assert_eq!(b.free(), 4);
-        // Bytes are counted in whole units.
-        assert!(b.fits(4 * UNIT) && !b.fits(4 * UNIT + 1));
-        // Many small charges add up to what they are, not a unit each.
-        let mut w = b.try_take(0).unwrap();
-        for _ in 0..1024 {
-            w.charge(3);
-        }
-        assert_eq!((w.bytes(), b.free()), (3 * UNIT, 1));
-        w.release(3 * 1024);
-        assert_eq!((w.bytes(), b.free()), (0, 4));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

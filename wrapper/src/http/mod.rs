@@ -27,7 +27,6 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 
-use crate::invoke::display_timeout;
 use crate::observe::metrics::Rejected;
 use crate::request::body::BodyError;
 use crate::response::{ErrorClass, Reply};
@@ -126,10 +125,7 @@ impl Refusal {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request needs more memory than RUNR_MAX_INFLIGHT_BYTES".to_string(),
             ),
-            Refusal::QueueTimedOut => (
-                StatusCode::GATEWAY_TIMEOUT,
-                format!("handler timed out after {}", display_timeout(timeout)),
-            ),
+            Refusal::QueueTimedOut => return Reply::timed_out(timeout),
         };
         let mut reply = match self.class() {
             Some(class) => Reply::failure(class, status, &message),

@@ -34,12 +34,12 @@ use tokio::time::Instant;
 
 use super::linger::{Linger, Unread};
 use super::{direct, into_response, is_probe, preflight, serve_connections};
-use crate::config::{Config, Trigger};
-use crate::invoke::display_timeout;
+use crate::config::Config;
 use crate::observe::metrics::{self, Held, Invocation};
 use crate::observe::trace::{self, Span};
 use crate::observe::{self, logs, Failure, Finished, Observer};
 use crate::request::trigger::TriggerRule;
+use crate::request::Request;
 use crate::response::{self, ErrorClass, Reply, ERROR_HEADER};
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110 §7.6.1); hyper sets
@@ -201,6 +201,91 @@ async fn handle(
     if req.method() == Method::OPTIONS {
         return Ok(wrapper_response(preflight()));
     }
+    Ok(proxy(&ctx, &upstream, req, started).await)
+}
+
+/// One request through to the program and its answer back, observed where it ends.
+async fn proxy(
+    ctx: &Arc<Ctx>,
+    upstream: &Mutex<Option<SendRequest<UpBody>>>,
+    req: hyper::Request<Unread>,
+    started: Instant,
+) -> hyper::Response<DownBody> {
+    let (mut done, request) = observed(ctx, req, started);
+    if !*ctx.ready.borrow() {
+        let mut ready = ctx.ready.clone();
+        let waited = tokio::time::timeout_at(ctx.ready_deadline, ready.wait_for(|r| *r)).await;
+        if !matches!(waited, Ok(Ok(_))) {
+            let reply = Reply::failure(
+                ErrorClass::Unavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the function is not listening yet",
+            );
+            return done.finish_now(reply, Some(Failure::Status));
+        }
+    }
+    let mut sender = match take_sender(upstream).await {
+        Some(s) => s,
+        None => match connect(&ctx.upstream).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(upstream = %ctx.upstream, error = %e, "cannot connect to the program");
+                let reply = Reply::failure(
+                    ErrorClass::Crash,
+                    StatusCode::BAD_GATEWAY,
+                    "the function is not accepting connections",
+                );
+                return done.finish_now(reply, Some(Failure::Crash));
+            }
+        },
+    };
+    let sent = sender.send_request(request);
+    // Back for the next request on this client connection; usable once this response is read.
+    *upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+    match tokio::time::timeout(ctx.timeout, sent).await {
+        Ok(Ok(res)) => {
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(ERROR_HEADER);
+            if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
+                parts
+                    .headers
+                    .insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+            }
+            done.status = parts.status.as_u16();
+            let body = ObservedBody {
+                inner: body,
+                done: Some(done),
+            };
+            hyper::Response::from_parts(parts, Either::Right(body))
+        }
+        Ok(Err(e)) => {
+            let error = runr_base::fmt::error_chain(&e);
+            tracing::warn!(upstream = %ctx.upstream, error = %error, "the program's connection failed");
+            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let reply = Reply::failure(
+                ErrorClass::Crash,
+                StatusCode::BAD_GATEWAY,
+                "the function's connection failed",
+            );
+            done.finish_now(reply, Some(Failure::Crash))
+        }
+        Err(_) => {
+            // Dropping the in-flight exchange closes that upstream connection.
+            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
+            done.finish_now(Reply::timed_out(ctx.timeout), Some(Failure::Timeout))
+        }
+    }
+}
+
+/// What observes `req` (its span started, its headers and body kept as far as a span or a
+/// capture needs them), and `req` as the program gets it: hop-by-hop headers stripped, the
+/// span as its parent, the target in origin form.
+fn observed(
+    ctx: &Arc<Ctx>,
+    req: hyper::Request<Unread>,
+    started: Instant,
+) -> (Done, hyper::Request<UpBody>) {
     let trigger = ctx.rule.of(req.headers());
     let cold_start = trace::take_cold_start();
     let span = ctx
@@ -208,19 +293,20 @@ async fn handle(
         .and_then(|o| o.start_span(req.headers(), SystemTime::now()));
     let (mut parts, body) = req.into_parts();
     let capture_limit = ctx.observer.and_then(Observer::replay_max_body);
-    let mut done = Done {
+    // A capture needs the client's headers after they went upstream; a span only the user
+    // agent.
+    let headers = match capture_limit {
+        Some(_) => parts.headers.clone(),
+        None => user_agent_only(&parts.headers),
+    };
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let mut request = Request::head(trigger, parts.method.as_str(), target, headers);
+    // The program gets the client's `X-Request-Id` as it was sent: no id of the proxy's own.
+    request.replaced_id = None;
+    let done = Done {
         ctx: ctx.clone(),
         span,
-        trigger,
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_string(),
-        query: parts.uri.query().unwrap_or("").to_string(),
-        // A capture needs the client's headers after they went upstream; a span only the
-        // user agent.
-        headers: match capture_limit {
-            Some(_) => parts.headers.clone(),
-            None => user_agent_only(&parts.headers),
-        },
+        request,
         kept: Arc::new(Mutex::new(Kept::default())),
         started,
         cold_start,
@@ -245,77 +331,7 @@ async fn handle(
         inner: body,
         kept: capture_limit.map(|limit| (done.kept.clone(), limit)),
     };
-    let request = hyper::Request::from_parts(parts, body);
-
-    if !*ctx.ready.borrow() {
-        let mut ready = ctx.ready.clone();
-        let waited = tokio::time::timeout_at(ctx.ready_deadline, ready.wait_for(|r| *r)).await;
-        if !matches!(waited, Ok(Ok(_))) {
-            let reply = Reply::failure(
-                ErrorClass::Unavailable,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the function is not listening yet",
-            );
-            return Ok(done.finish_now(reply, Some(Failure::Status)));
-        }
-    }
-    let sender = match take_sender(&upstream).await {
-        Some(s) => s,
-        None => match connect(&ctx.upstream).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(upstream = %ctx.upstream, error = %e, "cannot connect to the program");
-                let reply = Reply::failure(
-                    ErrorClass::Crash,
-                    StatusCode::BAD_GATEWAY,
-                    "the function is not accepting connections",
-                );
-                return Ok(done.finish_now(reply, Some(Failure::Crash)));
-            }
-        },
-    };
-    let mut sender = sender;
-    let sent = sender.send_request(request);
-    // Back for the next request on this client connection; usable once this response is read.
-    *upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
-    match tokio::time::timeout(ctx.timeout, sent).await {
-        Ok(Ok(res)) => {
-            let (mut parts, body) = res.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            parts.headers.remove(ERROR_HEADER);
-            if !parts.headers.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN) {
-                parts
-                    .headers
-                    .insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
-            }
-            done.status = parts.status.as_u16();
-            let body = ObservedBody {
-                inner: body,
-                done: Some(done),
-            };
-            Ok(hyper::Response::from_parts(parts, Either::Right(body)))
-        }
-        Ok(Err(e)) => {
-            let error = runr_base::fmt::error_chain(&e);
-            tracing::warn!(upstream = %ctx.upstream, error = %error, "the program's connection failed");
-            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let reply = Reply::failure(
-                ErrorClass::Crash,
-                StatusCode::BAD_GATEWAY,
-                "the function's connection failed",
-            );
-            Ok(done.finish_now(reply, Some(Failure::Crash)))
-        }
-        Err(_) => {
-            // Dropping the in-flight exchange closes that upstream connection.
-            upstream.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let message = format!("handler timed out after {}", display_timeout(ctx.timeout));
-            Ok(done.finish_now(
-                Reply::failure(ErrorClass::Timeout, StatusCode::GATEWAY_TIMEOUT, &message),
-                Some(Failure::Timeout),
-            ))
-        }
-    }
+    (done, hyper::Request::from_parts(parts, body))
 }
 
 /// The stored upstream connection if it can take a request right now.
@@ -395,11 +411,8 @@ struct Kept {
 struct Done {
     ctx: Arc<Ctx>,
     span: Option<Span>,
-    trigger: Trigger,
-    method: String,
-    path: String,
-    query: String,
-    headers: HeaderMap,
+    /// The request's head, as the client sent it.
+    request: Request,
     kept: Arc<Mutex<Kept>>,
     started: Instant,
     cold_start: bool,
@@ -418,7 +431,7 @@ impl Done {
             .class
             .or((failure == Some(Failure::Crash)).then_some(ErrorClass::Crash));
         metrics::get().invocation(Invocation {
-            trigger: self.trigger,
+            trigger: self.request.trigger,
             status: self.status,
             took,
             error: class,
@@ -429,20 +442,18 @@ impl Done {
         };
         let failure = failure.or((self.status >= 500).then_some(Failure::Status));
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let body = (&kept.data[..], kept.size);
         observer.finish(Finished {
             span: self.span.clone(),
-            trigger: self.trigger.as_str(),
-            method: &self.method,
-            path: &self.path,
-            query: &self.query,
-            headers: &self.headers,
-            body: &kept.data,
-            body_size: kept.size,
-            status: self.status,
-            took,
-            failure,
             cold_start: self.cold_start,
-            replaced_id: None,
+            ..Finished::new(
+                &self.request,
+                &self.request.headers,
+                body,
+                self.status,
+                took,
+                failure,
+            )
         });
     }
 

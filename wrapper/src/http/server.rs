@@ -27,16 +27,15 @@ use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use tokio::time::Instant;
 
-use super::admission::{Admission, Held};
+use super::admission::Admission;
 use super::linger::{Linger, Unread};
 use super::{into_response, is_probe, preflight, serve_connections, Refusal};
 use crate::config::memory::BudgetSource;
 use crate::config::{Config, Mode, Trigger};
-use crate::envelope::{BODY_PIECE, WRITE_CHUNK};
-use crate::invoke::lambda::{self, StreamedBody};
-use crate::invoke::{self, Invoker, Outcome};
-use crate::observe;
-use crate::observe::metrics::{self, Invocation};
+use crate::invoke::budget::Held;
+use crate::invoke::lambda::StreamedBody;
+use crate::invoke::{self, Client, Invocation, Invoker, Outcome};
+use crate::observe::metrics;
 use crate::request::body::{BodyError, BodyReader, MAX_BODY};
 use crate::request::trigger::TriggerRule;
 use crate::request::Request;
@@ -89,7 +88,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> u8 {
         workers = config.workers,
         slots,
         max_queue = config.max_queue,
-        timeout = %invoke::display_timeout(config.timeout),
+        timeout = %response::display_timeout(config.timeout),
         "listening"
     );
     let memory = &config.memory;
@@ -138,17 +137,17 @@ async fn handle(
         if ctx.invoker.ready() {
             Reply::with_type(StatusCode::OK, response::TEXT, Bytes::from_static(b"ok"))
         } else {
-            let message = match &*ctx.invoker {
-                Invoker::Pool(_) => "no worker is ready",
-                _ => "the function is not ready",
-            };
-            Reply::error(StatusCode::SERVICE_UNAVAILABLE, message)
+            Reply::error(StatusCode::SERVICE_UNAVAILABLE, ctx.invoker.not_ready())
         }
     } else if req.method() == Method::OPTIONS {
         preflight()
     } else {
         let trigger = ctx.rule.of(req.headers());
-        match invocation(&ctx, peer, req, trigger, arrived).await {
+        let client = Client {
+            peer,
+            version: req.version(),
+        };
+        match invocation(&ctx, client, req, trigger, arrived).await {
             Ok(res) => return Ok(res),
             Err(refusal) => {
                 // A client's request or the load, not a fault of ours: debug only.
@@ -165,14 +164,11 @@ async fn handle(
 /// for the order of the checks).
 async fn invocation(
     ctx: &Ctx,
-    peer: SocketAddr,
+    client: Client,
     req: hyper::Request<Unread>,
     trigger: Trigger,
     arrived: Instant,
 ) -> Result<hyper::Response<ResBody>, Refusal> {
-    let version = req.version();
-    // Waiting for a slot and reading the body count against the invocation's time.
-    let deadline = arrived + ctx.timeout;
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -183,116 +179,34 @@ async fn invocation(
         return Err(BodyError::TooLarge.into());
     }
     let (parts, body) = req.into_parts();
-    let target = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    let mut request = Request::head(trigger, parts.method.as_str(), target, parts.headers);
-    // When it times out, for the handler (`RUNR_DEADLINE_MS`, `deadlineMs`): before the check,
-    // as the variable is part of what must fit.
-    request.deadline_ms = Some(invoke::deadline_ms(deadline));
-    // With tracing on, the handler sees the wrapper's span as its parent (before the check:
-    // the traceparent it gets is part of what must fit).
-    let mut span = invoke::start(&mut request);
-    if ctx.invoker.check(&request).is_err() {
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let request = Request::head(trigger, parts.method.as_str(), target, parts.headers);
+    let mut inv = Invocation::new(request, arrived, ctx.timeout, Some(client));
+    if ctx.invoker.check(inv.request()).is_err() {
         return Err(Refusal::HeadersTooLarge);
     }
-    let keep = observe::global()
-        .and_then(|o| o.replay_max_body())
-        .unwrap_or(0);
-    // Raw exec input goes from the socket into the handler as it arrives; everything else
-    // needs the whole body first.
-    let streamed = ctx.invoker.streams_body();
-    let body_size = match body.is_end_stream() {
+    // Chunked: as much as it may be.
+    let reserved = match body.is_end_stream() {
         true => 0,
-        // Chunked: as much as it may be.
         false => declared.unwrap_or(MAX_BODY as u64),
     };
-    let mut slot = ctx
-        .admission
-        .admit(deadline, holds(&ctx.invoker, body_size, keep))
+    let wants = ctx.invoker.holds(reserved, inv.keep());
+    let (slot, held) = ctx.admission.admit(inv.deadline(), wants).await?.split();
+    inv.admitted(slot, held);
+    let body = BodyReader::new(body, inv.keep());
+    ctx.invoker
+        .take_body(&mut inv, body, declared, reserved)
         .await?;
-    let mut body = BodyReader::new(body, keep);
-    if !streamed {
-        match tokio::time::timeout_at(deadline, body.read_whole(declared)).await {
-            Ok(whole) => request.set_body(whole?),
-            Err(_elapsed) => return Err(BodyError::TimedOut.into()),
-        }
-        // A chunked body was reserved at the limit: the rest goes back.
-        let surplus = body_size.saturating_sub(request.body.len() as u64);
-        slot.held().release(surplus * body_factor(&ctx.invoker));
-    }
-    span.begin();
-    let tag = span.tag(&request);
-    let request = Arc::new(request);
-    if let Invoker::Lambda(lambda) = &*ctx.invoker {
-        // Its own answer, which may stream: observed where it ends, the slot held until then.
-        let (slot, mut held) = slot.split();
-        let client = lambda::Client { peer, version };
-        return Ok(
-            match lambda
-                .respond(request, client, arrived, deadline, span, slot)
-                .await
-            {
-                lambda::Answer::Whole(reply) => {
-                    held.charge(reply.body.len() as u64);
-                    answer(reply, held)
-                }
-                lambda::Answer::Streamed { head, body } => {
-                    into_response(head).map(|_| Either::Right(body))
-                }
-            },
-        );
-    }
-    let outcome = ctx
-        .invoker
-        .invoke(
-            &request,
-            streamed.then_some(&mut body),
-            deadline,
-            tag,
-            slot.held(),
-        )
-        .await;
-    // The answer is held until it is written to the client: counted until then.
-    slot.held().charge(outcome.reply.body.len() as u64);
-    let held = slot.into_held();
-    let seen = match streamed {
-        true => (body.kept(), body.seen()),
-        false => (&request.body[..], request.body.len() as u64),
-    };
-    observe(&request, seen, &outcome, arrived.elapsed(), span);
-    Ok(answer(outcome.reply, held))
+    Ok(respond(ctx.invoker.invoke(inv).await))
 }
 
-/// What one envelope encoding holds besides the body: one piece being encoded (a piece at
-/// most 6 times as long once JSON-escaped) and one write to the pipe.
-const ENVELOPE_PIECE: u64 = (6 * BODY_PIECE + WRITE_CHUNK) as u64;
-
-/// Bytes held per body byte: lambda mode builds its event whole (the body as base64 or
-/// JSON-escaped text beside it), the other modes hold the body once.
-fn body_factor(invoker: &Invoker) -> u64 {
-    match invoker {
-        Invoker::Lambda(_) => 3,
-        _ => 1,
+/// The response of an outcome: its whole answer, holding its bytes until written, or its head
+/// and the body as it streams.
+fn respond(outcome: Outcome) -> hyper::Response<ResBody> {
+    match outcome.stream {
+        Some(stream) => into_response(outcome.reply).map(|_| Either::Right(stream)),
+        None => answer(outcome.reply, outcome.held),
     }
-}
-
-/// The bytes a request with a body of `body` bytes will hold while it runs, reserved before a
-/// byte of the body is read: the body (unless raw input streams it), the envelope being
-/// encoded, the start of the body a replay capture keeps (`keep`). Its answer is charged once
-/// it is known.
-fn holds(invoker: &Invoker, body: u64, keep: usize) -> u64 {
-    let capture = body.min(keep as u64);
-    if invoker.streams_body() {
-        return capture;
-    }
-    let envelope = match invoker {
-        Invoker::Exec(_) | Invoker::Pool(_) if body > 0 => ENVELOPE_PIECE,
-        _ => 0,
-    };
-    body * body_factor(invoker) + envelope + capture
 }
 
 /// The response of a whole answer, holding `held` until it has been written.
@@ -343,33 +257,21 @@ fn display_bytes(n: u64) -> String {
     }
 }
 
-/// THE point where an invocation has completed: the parsed request (method, path, headers,
-/// body), the outcome (status, answer, what the handler did) and the time it took. Metrics,
-/// the invocation line, access lines, server spans and replay capture hook in here
-/// ([`invoke::finish`]); `span` is the server span started before the handler ran.
-fn observe(
-    req: &Request,
-    body: (&[u8], u64),
-    outcome: &Outcome,
-    elapsed: Duration,
-    span: invoke::Started,
-) {
-    invoke::finish(req, body, outcome, elapsed, span);
-}
-
 /// The metrics of a request answered before any handler ran: refusals (413, 431, 503) count in
 /// `runr_rejected_total` only; a request whose time ran out while it waited for a slot is an
 /// invocation that timed out.
 fn count_refusal(refusal: Refusal, trigger: Trigger, arrived: Instant) {
     match refusal.rejected() {
         Some(why) => metrics::get().rejected(why),
-        None if refusal == Refusal::QueueTimedOut => metrics::get().invocation(Invocation {
-            trigger,
-            status: StatusCode::GATEWAY_TIMEOUT.as_u16(),
-            took: arrived.elapsed(),
-            error: refusal.class(),
-            cold_start: false,
-        }),
+        None if refusal == Refusal::QueueTimedOut => {
+            metrics::get().invocation(metrics::Invocation {
+                trigger,
+                status: StatusCode::GATEWAY_TIMEOUT.as_u16(),
+                took: arrived.elapsed(),
+                error: refusal.class(),
+                cold_start: false,
+            })
+        }
         // A body that could not be read or came too late: the client's, not counted.
         None => {}
     }

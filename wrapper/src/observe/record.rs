@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 
 use super::trace::Span;
+use crate::request::Request;
 
 /// One finished invocation, whatever mode ran it: what the client sent (as far as it is kept),
 /// what it was answered, how long it took and whether it failed. The access line, the exported
@@ -40,7 +41,35 @@ pub struct Finished<'a> {
     pub replaced_id: Option<(&'a str, &'a str)>,
 }
 
-impl Finished<'_> {
+impl<'a> Finished<'a> {
+    /// `req` answered with `status` after `took`, `failure` when it failed; `headers` are the
+    /// request's as the client sent them, `body` the body as far as it is kept and its full
+    /// size. No span, not the cold start: set those with the struct update syntax.
+    pub fn new(
+        req: &'a Request,
+        headers: &'a HeaderMap,
+        body: (&'a [u8], u64),
+        status: u16,
+        took: Duration,
+        failure: Option<Failure>,
+    ) -> Finished<'a> {
+        Finished {
+            span: None,
+            trigger: req.trigger.as_str(),
+            method: &req.method,
+            path: &req.path,
+            query: &req.raw_query,
+            headers,
+            body: body.0,
+            body_size: body.1,
+            status,
+            took,
+            failure,
+            cold_start: false,
+            replaced_id: req.replaced_id.as_deref().map(|r| (req.id.as_str(), r)),
+        }
+    }
+
     /// When the request arrived: the span's start, else now minus the time it took.
     pub fn arrived(&self) -> SystemTime {
         self.span

@@ -18,13 +18,12 @@ use http::StatusCode;
 use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
-use tokio::time::Instant;
 
-use super::{code_dir, Ended, Outcome, MAX_OUTPUT};
+use super::budget::Held;
+use super::{code_dir, Ended, Invocation, Outcome, MAX_OUTPUT};
 use crate::config::{Config, Input};
 use crate::envelope::{self, WRITE_CHUNK};
-use crate::http::admission::Held;
-use crate::observe::logs::{self, HandlerLog, Stream, Tag};
+use crate::observe::logs::{self, HandlerLog, Stream};
 use crate::observe::metrics;
 use crate::process::arg_limit::{ArgLimit, TooLarge};
 use crate::process::lines::{self, LinePipe};
@@ -44,7 +43,6 @@ pub struct Exec {
     command: Vec<String>,
     cwd: Option<PathBuf>,
     input: Input,
-    timeout: Duration,
     /// What execve takes: requests whose variables do not fit are refused before spawning.
     args: ArgLimit,
     slots: usize,
@@ -66,6 +64,28 @@ enum Collected {
     Body(BodyError),
 }
 
+impl Collected {
+    /// The answer to what `proc` produced; a handler that wrote too much or was fed a broken
+    /// body is killed (it must not act on a body that is not the client's whole body).
+    fn outcome(self, proc: &mut Process) -> Outcome {
+        match self {
+            Collected::TooLarge => {
+                proc.signal_group(Signal::SIGKILL);
+                Outcome::output_too_large()
+            }
+            Collected::Body(e) => {
+                proc.signal_group(Signal::SIGKILL);
+                Outcome::refused(e.reply())
+            }
+            Collected::Done { exit, stdout } => Outcome {
+                exit: Some(exit),
+                peak_rss_kib: proc.peak_rss_kib(),
+                ..answer(exit, stdout)
+            },
+        }
+    }
+}
+
 impl Exec {
     /// The exec invoker for `config`.
     pub fn new(config: &Config) -> Exec {
@@ -85,7 +105,6 @@ impl Exec {
             command: config.command.clone(),
             cwd,
             input: config.input,
-            timeout: config.timeout,
             args,
             slots: config.max_inflight,
             kill_grace: config.handler.kill_grace,
@@ -109,46 +128,20 @@ impl Exec {
         self.args.check(env::vars(req))
     }
 
-    /// Runs the handler for `req` until `deadline` and maps what it did to an answer; its log
-    /// lines carry `tag`. With raw input, `body` (when given) is fed to stdin as it arrives
-    /// instead of `req.body`.
-    pub async fn invoke(
-        &self,
-        req: &Request,
-        mut body: Option<&mut BodyReader>,
-        deadline: Instant,
-        tag: Tag,
-        held: &mut Held,
-    ) -> Outcome {
+    /// Runs the handler for `inv` until its deadline and maps what it did to an answer. With
+    /// raw input, a body still on the connection is fed to stdin as it arrives; the answer
+    /// counts in the bytes the invocation holds while it is collected.
+    pub async fn invoke(&self, inv: &mut Invocation) -> Outcome {
+        let (req, tag, deadline, timeout) = (
+            inv.request().clone(),
+            inv.tag(),
+            inv.deadline(),
+            inv.timeout(),
+        );
+        let req = &*req;
+        let (mut body, held) = inv.body_and_held();
         let cold_start = !INVOKED.swap(true, Ordering::Relaxed);
-        let spawned = Stdin::pipe().and_then(|(child_end, stdin)| {
-            // The peak RSS comes from wait4 through std's `Child`: when the invocation line
-            // that reports it is written, std spawns.
-            if let (Some(prepared), false) = (&self.prepared, logs::invocation_logged()) {
-                return prepared::spawn(prepared, env::vars(req), child_end, self.result_fd)
-                    .map(|p| (p, stdin));
-            }
-            let child_end = Stdio::from(child_end);
-            let mut cmd = Command::new(&self.program);
-            cmd.arg0(&self.command[0])
-                .args(&self.command[1..])
-                .envs(env::vars(req).iter().map(|(k, v)| (k, v)))
-                .stdin(child_end)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if let Some(dir) = &self.cwd {
-                cmd.current_dir(dir);
-            }
-            let spawned = if self.result_fd {
-                process::spawn_with_result_fd(&mut cmd)
-            } else {
-                process::spawn(&mut cmd)
-            };
-            // `cmd` goes here, and with it our copy of the child's end of stdin: with that
-            // open, a handler that exits without reading would never be seen to.
-            spawned.map(|p| (p, stdin))
-        });
-        let (mut proc, stdin) = match spawned {
+        let (mut proc, stdin) = match self.spawn(req) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(command = ?self.command, error = %e, "handler failed to start");
@@ -160,20 +153,7 @@ impl Exec {
         };
         let _in_flight = metrics::get().in_flight();
         let mut log = HandlerLog::invocation(tag);
-        let stdout = proc.stdout.take();
-        let stderr = proc.stderr.take().map(|r| LinePipe::new(r, Stream::Stderr));
-        let mut pipes = match proc.result.take() {
-            Some(result) => Pipes {
-                answer: Some(result),
-                stderr,
-                stdout_log: stdout.map(|r| LinePipe::new(r, Stream::Stdout)),
-            },
-            None => Pipes {
-                answer: stdout,
-                stderr,
-                stdout_log: None,
-            },
-        };
+        let mut pipes = Pipes::of(&mut proc);
         let input = match (self.input, body.as_deref_mut()) {
             (Input::Json, _) => Feed::Envelope(req),
             (Input::Raw, Some(body)) => Feed::Stream(body),
@@ -182,19 +162,15 @@ impl Exec {
         // The answer counts against RUNR_MAX_INFLIGHT_BYTES while it is collected; given back
         // when this returns (the server charges the reply made of it).
         let mut collecting = Collecting { held, bytes: 0 };
-        let collected = tokio::time::timeout_at(
-            deadline,
-            collect(
-                &mut proc,
-                Some(stdin),
-                &mut pipes,
-                &mut log,
-                input,
-                &mut collecting,
-            ),
-        )
-        .await;
-        let outcome = match collected {
+        let collected = collect(
+            &mut proc,
+            Some(stdin),
+            &mut pipes,
+            &mut log,
+            input,
+            &mut collecting,
+        );
+        let outcome = match tokio::time::timeout_at(deadline, collected).await {
             Err(_elapsed) => {
                 let waiting_for_body = body.is_some_and(|b| !b.is_done());
                 self.kill_at_timeout(proc, waiting_for_body);
@@ -202,29 +178,46 @@ impl Exec {
                     // It was still waiting for the client's body.
                     Outcome::refused(BodyError::TimedOut.reply())
                 } else {
-                    Outcome::timed_out(self.timeout)
+                    Outcome::timed_out(timeout)
                 }
             }
-            Ok(Collected::TooLarge) => {
-                proc.signal_group(Signal::SIGKILL);
-                Outcome::output_too_large()
-            }
-            Ok(Collected::Body(e)) => {
-                // It must not act on a body that is not the client's whole body.
-                proc.signal_group(Signal::SIGKILL);
-                Outcome::refused(e.reply())
-            }
-            Ok(Collected::Done { exit, stdout }) => Outcome {
-                exit: Some(exit),
-                peak_rss_kib: proc.peak_rss_kib(),
-                ..answer(exit, stdout)
-            },
+            Ok(collected) => collected.outcome(&mut proc),
         };
         pipes.finish(log);
         Outcome {
             cold_start,
             ..outcome
         }
+    }
+
+    /// Starts the handler for `req`: the process and the wrapper's end of its stdin.
+    fn spawn(&self, req: &Request) -> io::Result<(Process, Stdin)> {
+        let (child_end, stdin) = Stdin::pipe()?;
+        // The peak RSS comes from wait4 through std's `Child`: when the invocation line that
+        // reports it is written, std spawns.
+        if let (Some(prepared), false) = (&self.prepared, logs::invocation_logged()) {
+            return prepared::spawn(prepared, env::vars(req), child_end, self.result_fd)
+                .map(|p| (p, stdin));
+        }
+        let child_end = Stdio::from(child_end);
+        let mut cmd = Command::new(&self.program);
+        cmd.arg0(&self.command[0])
+            .args(&self.command[1..])
+            .envs(env::vars(req).iter().map(|(k, v)| (k, v)))
+            .stdin(child_end)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        let spawned = if self.result_fd {
+            process::spawn_with_result_fd(&mut cmd)
+        } else {
+            process::spawn(&mut cmd)
+        };
+        // `cmd` goes here, and with it our copy of the child's end of stdin: with that open, a
+        // handler that exits without reading would never be seen to.
+        spawned.map(|p| (p, stdin))
     }
 
     /// The timeout: SIGKILL to the group now, or with `RUNR_KILL_GRACE` SIGTERM now and
@@ -261,6 +254,25 @@ struct Pipes {
 }
 
 impl Pipes {
+    /// The pipes of `proc`, taken from it: with fd 3, the answer comes from fd 3 and stdout
+    /// goes to the logs; without, stdout is the answer.
+    fn of(proc: &mut Process) -> Pipes {
+        let stdout = proc.stdout.take();
+        let stderr = proc.stderr.take().map(|r| LinePipe::new(r, Stream::Stderr));
+        match proc.result.take() {
+            Some(result) => Pipes {
+                answer: Some(result),
+                stderr,
+                stdout_log: stdout.map(|r| LinePipe::new(r, Stream::Stdout)),
+            },
+            None => Pipes {
+                answer: stdout,
+                stderr,
+                stdout_log: None,
+            },
+        }
+    }
+
     /// Logs every line the log pipes hold now, then hands what is still open to background
     /// tasks (a grandchild may keep writing) with the rest of the invocation's cap.
     fn finish(self, mut log: HandlerLog) {

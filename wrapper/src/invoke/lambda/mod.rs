@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Ended, Outcome, Started};
+use super::{Ended, Invocation, Outcome};
 use crate::config::{Config, Trigger};
 use crate::observe::trace;
 use crate::request::Request;
@@ -102,28 +102,6 @@ impl Shared {
     }
 }
 
-/// How a client reached the function.
-#[derive(Debug, Clone, Copy)]
-pub struct Client {
-    /// The peer address of its connection.
-    pub peer: SocketAddr,
-    /// The HTTP version it spoke.
-    pub version: http::Version,
-}
-
-/// What the server answers for one request.
-pub enum Answer {
-    /// A whole answer.
-    Whole(Reply),
-    /// A head now, its body as the runtime streams it.
-    Streamed {
-        /// Status and headers (the body is empty).
-        head: Reply,
-        /// The body.
-        body: StreamedBody,
-    },
-}
-
 /// What kind of event a request becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -132,6 +110,15 @@ enum Kind {
     Schedule,
     /// The emulator's invoke API: the body is the event.
     InvokeApi,
+}
+
+/// What one invocation's run needs besides its request.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    kind: Kind,
+    deadline: Instant,
+    /// `RUNR_TIMEOUT`, named in the 504.
+    timeout: Duration,
 }
 
 /// An answer before it is observed.
@@ -152,7 +139,6 @@ pub struct Lambda {
     stop: watch::Sender<bool>,
     slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
     runtimes: usize,
-    timeout: Duration,
     region: String,
     invoke_api: bool,
 }
@@ -227,7 +213,6 @@ impl Lambda {
             stop: stop_tx,
             slots: std::sync::Mutex::new(slots),
             runtimes: config.workers,
-            timeout: config.timeout,
             region: lc.region.clone(),
             invoke_api: lc.invoke_api,
         })
@@ -245,24 +230,18 @@ impl Lambda {
         self.runtimes
     }
 
-    /// One HTTP request (its body read, `started` its span), answered as a whole or streamed
-    /// by `deadline`; observed (access line, span, replay) when it ends. `hold` (the server's
-    /// admission slot) is kept while the invocation occupies a runtime.
-    pub async fn respond(
-        &self,
-        req: Arc<Request>,
-        client: Client,
-        arrived: Instant,
-        deadline: Instant,
-        started: Started,
-        hold: impl Send + 'static,
-    ) -> Answer {
+    /// Runs `inv` (its body read) by its deadline: its answer whole, or its head with a body
+    /// the runtime streams (an HTTP client's; the schedule one-shot's is collected, up to
+    /// [`MAX_PAYLOAD`]). The admission slot stays with the invocation while it occupies a
+    /// runtime.
+    pub async fn invoke(&self, inv: &mut Invocation) -> Outcome {
+        let req = inv.request().clone();
         let kind = self.kind_of(&req);
         let client_context = match kind {
             Kind::InvokeApi => match client_context(&req.headers) {
                 Ok(context) => context,
                 Err(message) => {
-                    return Answer::Whole(Reply::failure(
+                    return Outcome::refused(Reply::failure(
                         ErrorClass::Request,
                         StatusCode::BAD_REQUEST,
                         message,
@@ -273,88 +252,49 @@ impl Lambda {
         };
         if req.body.len() > MAX_PAYLOAD {
             // Lambda's limit, below the server's own.
-            return Answer::Whole(Reply::failure(
+            return Outcome::refused(Reply::failure(
                 ErrorClass::Limit,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request body exceeds 6 MiB",
             ));
         }
-        let trace_id = started
-            .traced()
-            .then(|| xray_trace_id(&req.headers))
-            .flatten();
-        let when = SystemTime::now() - arrived.elapsed();
-        let source_ip = source_ip(&req.headers, client.peer);
-        let protocol = match client.version {
-            http::Version::HTTP_10 => "HTTP/1.0",
-            _ => "HTTP/1.1",
+        let next = NextHeaders {
+            trace_id: inv.traced().then(|| xray_trace_id(&req.headers)).flatten(),
+            client_context,
+        };
+        let (source_ip, protocol) = match inv.client() {
+            Some(client) => (
+                source_ip(&req.headers, client.peer),
+                match client.version {
+                    http::Version::HTTP_10 => "HTTP/1.0",
+                    _ => "HTTP/1.1",
+                },
+            ),
+            None => ("127.0.0.1".to_string(), "HTTP/1.1"),
         };
         let ctx = events::HttpContext {
             source_ip: &source_ip,
             protocol,
-            now: when,
+            now: SystemTime::now() - inv.arrived().elapsed(),
         };
-        let hold = Hold::new(hold);
-        let next = NextHeaders {
-            trace_id,
-            client_context,
+        let hold = Hold::new(inv.take_slot());
+        let timeout = inv.timeout();
+        let run = Run {
+            kind,
+            deadline: inv.deadline(),
+            timeout,
         };
-        let mapped = self.run(kind, &req, &ctx, next, deadline, hold).await;
-        match mapped {
-            Mapped::Whole(outcome) => {
-                observe(&req, &outcome, arrived, started);
-                Answer::Whole(outcome.reply)
-            }
+        match self.run(&run, &req, &ctx, next, hold).await {
+            Mapped::Whole(outcome) => outcome,
             Mapped::Streamed {
                 head,
                 first,
                 chunks,
                 deadline,
-            } => {
-                let status = head.status;
-                let body = StreamedBody::new(first, chunks, deadline, move |end| {
-                    let ended = match end {
-                        // The function answered; the client left before the end.
-                        stream::End::Complete | stream::End::ClientGone => Ended::Answered,
-                        stream::End::TimedOut => Ended::TimedOut,
-                        stream::End::Failed => Ended::WorkerExited,
-                    };
-                    let outcome = Outcome {
-                        ended,
-                        ..Outcome::answered(Reply {
-                            status,
-                            headers: Vec::new(),
-                            body: Bytes::new(),
-                        })
-                    };
-                    observe(&req, &outcome, arrived, started);
-                });
-                Answer::Streamed { head, body }
-            }
-        }
-    }
-
-    /// One invocation answered as a whole by `deadline` (a streamed response is collected, up
-    /// to [`MAX_PAYLOAD`]): the schedule one-shot.
-    pub async fn invoke(&self, req: &Request, deadline: Instant) -> Outcome {
-        let kind = self.kind_of(req);
-        let ctx = events::HttpContext {
-            source_ip: "127.0.0.1",
-            protocol: "HTTP/1.1",
-            now: SystemTime::now(),
-        };
-        match self
-            .run(
-                kind,
-                req,
-                &ctx,
-                NextHeaders::default(),
-                deadline,
-                Hold::new(()),
-            )
-            .await
-        {
-            Mapped::Whole(outcome) => outcome,
+            } if inv.may_stream() => Outcome {
+                stream: Some(StreamedBody::new(first, chunks, deadline)),
+                ..Outcome::answered(head)
+            },
             Mapped::Streamed {
                 head,
                 first,
@@ -362,7 +302,7 @@ impl Lambda {
                 deadline,
             } => match collect(first, &mut chunks, deadline).await {
                 Ok(body) => Outcome::answered(Reply { body, ..head }),
-                Err(failure) => self.failed(failure),
+                Err(failure) => failed(failure, timeout),
             },
         }
     }
@@ -391,13 +331,13 @@ impl Lambda {
     /// Builds the event, queues it and maps what comes back.
     async fn run(
         &self,
-        kind: Kind,
+        run: &Run,
         req: &Request,
         ctx: &events::HttpContext<'_>,
         next: NextHeaders,
-        deadline: Instant,
         hold: Hold,
     ) -> Mapped {
+        let Run { kind, deadline, .. } = *run;
         let (event, message_id) = match kind {
             Kind::Http => (events::http_event(req, ctx), String::new()),
             Kind::Queue => events::sqs_event(req, &self.region, ctx.now),
@@ -433,17 +373,15 @@ impl Lambda {
         let delivery = match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(delivery)) => delivery,
             Ok(Err(_dropped)) => return Mapped::Whole(unavailable()),
-            Err(_elapsed) => return Mapped::Whole(Outcome::timed_out(self.timeout)),
+            Err(_elapsed) => return Mapped::Whole(Outcome::timed_out(run.timeout)),
         };
         match delivery {
-            Delivery::Failed(failure) => Mapped::Whole(self.failed(failure)),
+            Delivery::Failed(failure) => Mapped::Whole(failed(failure, run.timeout)),
             Delivery::Error(err) => Mapped::Whole(function_error(kind, &err)),
             Delivery::Result { body, content_type } => Mapped::Whole(Outcome::answered(
                 self.result(kind, &body, content_type, &message_id),
             )),
-            Delivery::Stream(streamed) => {
-                self.streamed(kind, streamed, deadline, &message_id).await
-            }
+            Delivery::Stream(streamed) => self.streamed(run, streamed, &message_id).await,
         }
     }
 
@@ -465,13 +403,12 @@ impl Lambda {
     /// A streamed response: an http event's HTTP-integration prelude gives the head (a stream
     /// without one answers 200 with its content type); queue and schedule results are
     /// collected and read as a whole.
-    async fn streamed(
-        &self,
-        kind: Kind,
-        s: Streamed,
-        deadline: Instant,
-        message_id: &str,
-    ) -> Mapped {
+    async fn streamed(&self, run: &Run, s: Streamed, message_id: &str) -> Mapped {
+        let Run {
+            kind,
+            deadline,
+            timeout,
+        } = *run;
         let Streamed {
             content_type,
             mut chunks,
@@ -485,7 +422,7 @@ impl Lambda {
                         content_type,
                         message_id,
                     ))),
-                    Err(failure) => Mapped::Whole(self.failed(failure)),
+                    Err(failure) => Mapped::Whole(failed(failure, timeout)),
                 }
             }
             Kind::Http | Kind::InvokeApi => {
@@ -508,8 +445,8 @@ impl Lambda {
                     };
                 }
                 match tokio::time::timeout_at(deadline, read_prelude(&mut chunks)).await {
-                    Err(_elapsed) => Mapped::Whole(Outcome::timed_out(self.timeout)),
-                    Ok(Err(failure)) => Mapped::Whole(self.failed(failure)),
+                    Err(_elapsed) => Mapped::Whole(Outcome::timed_out(timeout)),
+                    Ok(Err(failure)) => Mapped::Whole(failed(failure, timeout)),
                     Ok(Ok(PreludeRead::Invalid(reason))) => Mapped::Whole(Outcome::answered(
                         Reply::failure(ErrorClass::Crash, StatusCode::BAD_GATEWAY, &reason),
                     )),
@@ -524,49 +461,42 @@ impl Lambda {
             }
         }
     }
-
-    fn failed(&self, failure: Failure) -> Outcome {
-        match failure {
-            Failure::Exited(_) => Outcome::failed(
-                Ended::WorkerExited,
-                StatusCode::BAD_GATEWAY,
-                "handler process exited",
-            ),
-            Failure::TooLarge => Outcome::failed(
-                Ended::OutputTooLarge,
-                StatusCode::BAD_GATEWAY,
-                "the function's response exceeds 6 MiB",
-            ),
-            Failure::ErrorTooLarge => Outcome::failed(
-                Ended::OutputTooLarge,
-                StatusCode::BAD_GATEWAY,
-                "the function's error document exceeds 6 MiB",
-            ),
-            Failure::Truncated => Outcome::failed(
-                Ended::WorkerExited,
-                StatusCode::BAD_GATEWAY,
-                "the function's response was cut off",
-            ),
-            Failure::BadResponseMode => Outcome::answered(Reply::failure(
-                ErrorClass::Crash,
-                StatusCode::BAD_GATEWAY,
-                "the runtime sent an invalid Lambda-Runtime-Function-Response-Mode",
-            )),
-            Failure::Init(err) => Outcome {
-                ended: Ended::FailedToStart,
-                ..Outcome::answered(result::init_error_reply(&err))
-            },
-            Failure::TimedOut => Outcome::timed_out(self.timeout),
-        }
-    }
 }
 
-/// Where a lambda-mode invocation completed (for a streamed answer: where its body ended): the
-/// observation hook of every mode (metrics, the invocation line, span, replay).
-fn observe(req: &Request, outcome: &Outcome, arrived: Instant, started: Started) {
-    let elapsed = arrived.elapsed();
-    let body = (&req.body[..], req.body.len() as u64);
-    super::finish(req, body, outcome, elapsed, started);
+/// The answer to an invocation whose runtime failed it; `timeout` is `RUNR_TIMEOUT`.
+fn failed(failure: Failure, timeout: Duration) -> Outcome {
+    match failure {
+        Failure::Exited(_) => Outcome::failed(
+            Ended::WorkerExited,
+            StatusCode::BAD_GATEWAY,
+            "handler process exited",
+        ),
+        Failure::TooLarge => Outcome::failed(
+            Ended::OutputTooLarge,
+            StatusCode::BAD_GATEWAY,
+            "the function's response exceeds 6 MiB",
+        ),
+        Failure::ErrorTooLarge => Outcome::failed(
+            Ended::OutputTooLarge,
+            StatusCode::BAD_GATEWAY,
+            "the function's error document exceeds 6 MiB",
+        ),
+        Failure::Truncated => Outcome::failed(
+            Ended::WorkerExited,
+            StatusCode::BAD_GATEWAY,
+            "the function's response was cut off",
+        ),
+        Failure::BadResponseMode => Outcome::answered(Reply::failure(
+            ErrorClass::Crash,
+            StatusCode::BAD_GATEWAY,
+            "the runtime sent an invalid Lambda-Runtime-Function-Response-Mode",
+        )),
+        Failure::Init(err) => Outcome {
+            ended: Ended::FailedToStart,
+            ..Outcome::answered(result::init_error_reply(&err))
+        },
+        Failure::TimedOut => Outcome::timed_out(timeout),
+    }
 }
 
 fn unavailable() -> Outcome {

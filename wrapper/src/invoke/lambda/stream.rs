@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 
 use super::slot::Chunk;
+use crate::invoke::Ended;
 
 /// How a stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,18 @@ pub enum End {
     TimedOut,
     /// The client went away first.
     ClientGone,
+}
+
+impl End {
+    /// What happened to the handler, as the invocation records it: a function that
+    /// answered whole, even to a client that left early, answered.
+    pub fn ended(self) -> Ended {
+        match self {
+            End::Complete | End::ClientGone => Ended::Answered,
+            End::TimedOut => Ended::TimedOut,
+            End::Failed => Ended::WorkerExited,
+        }
+    }
 }
 
 /// Why the client's answer was cut off.
@@ -52,26 +65,34 @@ pub struct StreamedBody {
 }
 
 impl StreamedBody {
-    /// The body made of `first`, then `chunks` until their end or `deadline`; `on_end` hears
-    /// how it ended.
-    pub fn new(
-        first: Bytes,
-        chunks: mpsc::Receiver<Chunk>,
-        deadline: Instant,
-        on_end: impl FnOnce(End) + Send + 'static,
-    ) -> StreamedBody {
+    /// The body made of `first`, then `chunks` until their end or `deadline`.
+    pub fn new(first: Bytes, chunks: mpsc::Receiver<Chunk>, deadline: Instant) -> StreamedBody {
         StreamedBody {
             first: (!first.is_empty()).then_some(first),
             chunks,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            on_end: Some(Box::new(on_end)),
+            on_end: Some(Box::new(|_| {})),
         }
+    }
+
+    /// The same body, `on_end` hearing how it ended.
+    pub fn on_end(mut self, on_end: impl FnOnce(End) + Send + 'static) -> StreamedBody {
+        self.on_end = Some(Box::new(on_end));
+        self
     }
 
     fn end(&mut self, how: End) {
         if let Some(f) = self.on_end.take() {
             f(how);
         }
+    }
+}
+
+impl std::fmt::Debug for StreamedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamedBody")
+            .field("ended", &self.on_end.is_none())
+            .finish_non_exhaustive()
     }
 }
 
@@ -139,12 +160,8 @@ mod tests {
         let (tx, rx) = mpsc::channel(4);
         let ends = Arc::new(Mutex::new(Vec::new()));
         let seen = ends.clone();
-        let b = StreamedBody::new(
-            Bytes::from_static(first),
-            rx,
-            Instant::now() + deadline,
-            move |e| seen.lock().unwrap().push(e),
-        );
+        let b = StreamedBody::new(Bytes::from_static(first), rx, Instant::now() + deadline)
+            .on_end(move |e| seen.lock().unwrap().push(e));
         (b, tx, ends)
     }
 
