@@ -492,6 +492,16 @@ pub fn process_lookup(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
+/// A lookup of fixed `name, value` pairs (a later pair wins): the environment a configuration
+/// test, or a caller that builds one, hands to a `from_lookup` parser.
+pub fn pairs_lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
 // === the grammar ===
 
 /// `1/0/true/false/yes/no/on/off`, any case.
@@ -699,7 +709,6 @@ pub fn display_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -926,8 +935,7 @@ mod tests {
     }
 
     fn lookup(vars: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<&str, &str> = vars.iter().copied().collect();
-        move |name| map.get(name).map(|v| v.to_string())
+        pairs_lookup(vars)
     }
 
     #[test]

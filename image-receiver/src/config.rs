@@ -185,18 +185,14 @@ pub fn registry_from_lookup(
 mod tests {
     use super::*;
     use runr_base::env::{names_read, unlisted};
-    use std::collections::HashMap;
 
     const SUM: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
     fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
-        let dir = std::env::temp_dir();
-        let mut map: HashMap<String, String> = HashMap::new();
-        map.insert(ENV_UPLOAD_DIR.into(), dir.display().to_string());
-        for (k, v) in vars {
-            map.insert(k.to_string(), v.to_string());
-        }
-        Config::from_lookup(&|n| map.get(n).cloned())
+        let dir = std::env::temp_dir().display().to_string();
+        let mut all = vec![(ENV_UPLOAD_DIR, dir.as_str())];
+        all.extend_from_slice(vars);
+        Config::from_lookup(&runr_base::env::pairs_lookup(&all))
     }
 
     fn valid() -> Vec<(&'static str, &'static str)> {

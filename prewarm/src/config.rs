@@ -305,16 +305,11 @@ impl fmt::Display for Platforms {
 mod tests {
     use super::*;
     use runr_base::env::{names_read, unlisted, DefaultValue};
-    use std::collections::HashMap;
 
     const DIGEST: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
     fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|name| map.get(name).cloned())
+        Config::from_lookup(runr_base::env::pairs_lookup(vars))
     }
 
     fn names(errors: &ConfigErrors) -> Vec<&'static str> {

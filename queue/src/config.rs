@@ -959,11 +959,7 @@ mod tests {
     ];
 
     fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(&move |n: &str| map.get(n).cloned())
+        Config::from_lookup(&runr_base::env::pairs_lookup(vars))
     }
 
     fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {

@@ -57,14 +57,9 @@ impl TickConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn config(vars: &[(&str, &str)]) -> Result<TickConfig, ConfigErrors> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        TickConfig::from_lookup(&|name| map.get(name).cloned())
+        TickConfig::from_lookup(&runr_base::env::pairs_lookup(vars))
     }
 
     #[test]

@@ -328,14 +328,9 @@ pub fn parse_command(v: &str) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(&|name| map.get(name).cloned())
+        Config::from_lookup(&runr_base::env::pairs_lookup(vars))
     }
 
     #[test]
