@@ -117,7 +117,7 @@ mod tests {
         assert_eq!(wait("30"), Ok(Duration::from_secs(30)));
         assert_eq!(wait("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(wait("1h"), Ok(Duration::from_secs(3600)));
-        // Valid since the grammar became the one of every binary (rejected before).
+        // Valid in the grammar of every binary.
         assert_eq!(wait("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(wait("5 m"), Ok(Duration::from_secs(300)));
         for bad in ["s", "-1s", "10d", "99999999999999999999h"] {

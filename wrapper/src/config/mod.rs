@@ -497,7 +497,7 @@ mod tests {
         assert_eq!(timeout("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(timeout("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(timeout("5 m").unwrap(), Duration::from_secs(300));
-        // Valid since RUNR_TIMEOUT takes the common grammar (rejected before).
+        // Valid: RUNR_TIMEOUT takes the common grammar of durations.
         assert_eq!(timeout("5h").unwrap(), Duration::from_secs(5 * 3600));
         assert_eq!(timeout("24h").unwrap(), MAX_TIMEOUT);
         // Empty is unset everywhere: the default.

@@ -363,7 +363,7 @@ mod tests {
         assert_eq!(size("1MiB"), 1 << 20);
         assert_eq!(size("2G"), 2 << 30);
         assert_eq!(size("10mb"), 10 << 20);
-        // Valid now (rejected before).
+        // Valid in the common grammar.
         assert_eq!(size("1.5MiB"), 3 << 19);
     }
 

@@ -224,8 +224,8 @@ pub enum Drained {
 /// that inherited the pipe and lives on cannot make this wait.
 ///
 /// Not tokio's `try_read`: that answers WouldBlock from tokio's cached readiness without
-/// asking the kernel, so bytes that arrived since the last wakeup were left behind (the output
-/// lost under concurrency, issue 10).
+/// asking the kernel, so bytes that arrived since the last wakeup would be left behind (output
+/// lost under concurrency).
 pub fn read_ready(from: &impl AsRawFd, out: &mut Vec<u8>, cap: usize) -> Drained {
     let mut chunk = [0u8; 8192];
     loop {
