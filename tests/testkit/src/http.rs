@@ -122,34 +122,7 @@ impl Conn {
     }
 
     fn read_answer(&mut self, head: bool) -> Result<Resp, String> {
-        let mut line = String::new();
-        let n = self
-            .reader
-            .read_line(&mut line)
-            .map_err(|e| format!("status line: {e}"))?;
-        if n == 0 {
-            return Err("the connection closed before an answer".into());
-        }
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {line:?}"))?;
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            self.reader
-                .read_line(&mut h)
-                .map_err(|e| format!("header: {e}"))?;
-            let h = h.trim_end_matches(['\r', '\n']);
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h
-                .split_once(':')
-                .ok_or_else(|| format!("bad header line {h:?}"))?;
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
+        let Head { status, headers } = read_head(&mut self.reader)?;
         let find = |name: &str| {
             headers
                 .iter()
@@ -215,6 +188,60 @@ impl Conn {
     /// The raw socket, for tests that write by hand.
     pub fn stream(&mut self) -> &mut TcpStream {
         self.reader.get_mut()
+    }
+}
+
+/// A response head: the status and every header, in the order received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// The status code.
+    pub status: u16,
+    /// Every header, names as sent.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `Content-Length`, when there is one.
+    pub fn content_length(&self) -> Option<u64> {
+        self.header("content-length").and_then(|v| v.parse().ok())
+    }
+}
+
+/// Reads a response's status line and headers from `r`, leaving the body in it: the one head
+/// parser of the tests that stream bodies themselves.
+pub fn read_head(r: &mut impl BufRead) -> Result<Head, String> {
+    let mut line = String::new();
+    let n = r
+        .read_line(&mut line)
+        .map_err(|e| format!("status line: {e}"))?;
+    if n == 0 {
+        return Err("the connection closed before an answer".into());
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {line:?}"))?;
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).map_err(|e| format!("header: {e}"))?;
+        let h = h.trim_end_matches(['\r', '\n']);
+        if h.is_empty() {
+            return Ok(Head { status, headers });
+        }
+        let (k, v) = h
+            .split_once(':')
+            .ok_or_else(|| format!("bad header line {h:?}"))?;
+        headers.push((k.trim().to_string(), v.trim().to_string()));
     }
 }
 

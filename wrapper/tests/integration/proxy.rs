@@ -2,7 +2,7 @@
 //! traceparent continuation, the access line, OTLP export to a test collector, probes, CORS,
 //! the 503 wait, SIGTERM drain and the program's own exit.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -87,24 +87,10 @@ fn python_sha256_of_pattern(n: usize) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// The status and `Content-Length` of the answer `r` holds next, leaving its body in `r`.
 fn read_head(r: &mut BufReader<TcpStream>) -> (u16, usize) {
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut len = 0;
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).unwrap();
-        let h = h.trim_end();
-        if h.is_empty() {
-            return (status, len);
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap();
-            }
-        }
-    }
+    let head = runr_testkit::http::read_head(r).unwrap();
+    (head.status, head.content_length().unwrap_or(0) as usize)
 }
 
 fn read_answer(r: &mut BufReader<TcpStream>) -> (u16, Vec<u8>) {
