@@ -10,17 +10,17 @@
 //! - `schedule`, `install`: the schedule one-shots; copying the binary;
 //! - `http`: the server of exec/persistent mode (admission control), the observed proxy, http
 //!   mode's direct run, the metrics endpoint;
-//! - `invoke`: one invocation in exec, persistent or lambda mode (exec mode with its
-//!   variables), and its observation hook;
+//! - `invoke`: one invocation (its deadline, span and bytes held, and the one place it is
+//!   observed) and the invoker of each mode: exec (with its variables), persistent, lambda;
 //! - `envelope`: the JSON envelope a handler reads, encoded from the request as it is written;
+//! - `process`: spawning in process groups (fd 3 included), the handler's log pipes, the one
+//!   reaper, and the one supervisor of long-lived children;
+//! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, metrics,
+//!   the handler's log lines and the per-invocation line, log format;
 //! - `request`: the request value every mode uses, its id and CloudEvent, which trigger sent
 //!   it, its body (read only once a handler can take it) and the body's errors;
 //! - `response`: what the handler wrote → the answer (and the error classes of the wrapper's
 //!   own answers);
-//! - `process`: spawning in process groups (fd 3 included), the handler's log pipes, and the
-//!   one reaper;
-//! - `observe`: the finished-invocation record, spans, OTLP export, replay capture, metrics,
-//!   the handler's log lines and the per-invocation line, log format;
 //! - `config`: every variable.
 #![forbid(unsafe_code)]
 
