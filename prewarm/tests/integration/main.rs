@@ -23,11 +23,7 @@ pub(crate) struct Upstream {
 }
 
 fn tools_present() -> bool {
-    let ok = have_tool("docker-registry") && have_tool("skopeo");
-    if !ok {
-        println!("skipping: docker-registry or skopeo is not installed (.ci/run installs them)");
-    }
-    ok
+    runr_testkit::tools_present(&["docker-registry", "skopeo"])
 }
 
 fn upstream() -> Upstream {

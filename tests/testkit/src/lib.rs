@@ -110,6 +110,19 @@ pub fn have_tool(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// True when every tool in `names` is on PATH; otherwise prints which are missing, so the test
+/// that calls it can skip with a line saying why.
+pub fn tools_present(names: &[&str]) -> bool {
+    let missing: Vec<&str> = names.iter().copied().filter(|n| !have_tool(n)).collect();
+    if !missing.is_empty() {
+        println!(
+            "skipping: {} not installed (.ci/run installs them)",
+            missing.join(", ")
+        );
+    }
+    missing.is_empty()
+}
+
 /// True when a Docker engine answers `docker info`.
 pub fn docker_available() -> bool {
     have_tool("docker")

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use runr_testkit::http::Body;
 use runr_testkit::MIB;
 
-use crate::support::{bin, env, fixtures, Conn, Wrapper};
+use crate::support::{bin, env, fixtures, pattern, Conn, Wrapper};
 
 const LIMIT: usize = 256 * MIB;
 const REQUESTS: usize = 64;
@@ -155,10 +155,6 @@ fn mount_of(mounts: &str, fstype: &str, option: Option<&str>) -> Option<PathBuf>
             && option.is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
         ok.then(|| PathBuf::from(left[4]))
     })
-}
-
-fn pattern(j: u32) -> u8 {
-    (j.wrapping_mul(2654435761) >> 24) as u8
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use runr_testkit::http::{request_head, Body};
 use runr_testkit::MIB;
 
-use crate::support::{env, fixtures, status_kib, Conn, Wrapper};
+use crate::support::{env, fixtures, pattern, status_kib, Conn, Wrapper};
 
 /// Clients of each kind at once.
 const CLIENTS: usize = 16;
@@ -28,10 +28,6 @@ const LARGE: usize = 100 * MIB;
 const ANSWER: usize = 4096;
 /// What the wrapper's RSS may grow by over a whole run (buffers the allocator keeps).
 const RSS_MARGIN_KIB: u64 = 64 * 1024;
-
-fn pattern(j: u32) -> u8 {
-    (j.wrapping_mul(2654435761) >> 24) as u8
-}
 
 fn expected_answer() -> Vec<u8> {
     (0..ANSWER as u32).map(pattern).collect()

@@ -8,7 +8,7 @@ pub use runr_testkit::random::Rng;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
-use crate::support::{env, fixtures, Body, Conn, Resp, Wrapper};
+use crate::support::{env, fixtures, pattern, Body, Conn, Resp, Wrapper};
 
 /// Exec invocations per concurrency level.
 const EXEC_REQUESTS: usize = 1600;
@@ -42,11 +42,6 @@ const BOUNDARY_SIZES: &[usize] = &[
 ];
 /// Failures shown in full when a run fails (all are counted).
 const SHOWN: usize = 10;
-
-/// The handlers' pattern (tests/fixtures/stress_*.c): byte `j` of the stream.
-fn pattern(j: u32) -> u8 {
-    (j.wrapping_mul(2654435761) >> 24) as u8
-}
 
 /// The pattern from 0 to 2 MiB: an answer of `size` bytes from `seed` is a slice of it.
 fn master() -> &'static [u8] {

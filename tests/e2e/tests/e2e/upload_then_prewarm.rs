@@ -10,17 +10,11 @@ use std::time::Duration;
 
 use runr_testkit::http::{self, Body};
 use runr_testkit::oci::{sha256_digest, TestImage};
-use runr_testkit::{have_tool, skopeo, wait_for, workspace_bin, Child, Registry, Server};
+use runr_testkit::{skopeo, wait_for, workspace_bin, Child, Registry, Server};
 use serde_json::Value;
 
 fn tools_present() -> bool {
-    let ok = have_tool("docker-registry") && have_tool("skopeo") && have_tool("tar");
-    if !ok {
-        println!(
-            "skipping: docker-registry, skopeo or tar is not installed (.ci/run installs them)"
-        );
-    }
-    ok
+    runr_testkit::tools_present(&["docker-registry", "skopeo", "tar"])
 }
 
 /// An OCI layout packed as a tar archive, the `oci-archive` form skopeo and buildah write.

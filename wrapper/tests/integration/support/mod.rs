@@ -297,6 +297,12 @@ pub fn load(addr: SocketAddr, threads: usize, per: usize, path: &str) -> HashMap
     total
 }
 
+/// Byte `j` of the stream the C fixture handlers write (tests/fixtures/stress_*.c, and the
+/// answers built from it).
+pub fn pattern(j: u32) -> u8 {
+    (j.wrapping_mul(2654435761) >> 24) as u8
+}
+
 /// True while process `pid` exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
