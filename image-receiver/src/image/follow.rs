@@ -9,16 +9,17 @@
 //! - an OCI blob (`blobs/sha256/<hex>`) of at least [`STREAM_MIN`] bytes: its digest is its name,
 //!   so its push starts at its tar header and each block is sent once the prefix holds it; the
 //!   stream hashes what it sends and fails before the commit when the bytes do not match;
-//! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`] bytes, with
-//!   `RUNR_UPLOAD_COMPRESS=none`: its digest is known only at its end, so it is hashed once the
-//!   prefix holds it whole, then pushed;
-//! - the same layer with `RUNR_UPLOAD_COMPRESS=gzip` (uncompressed in the archive): gzip'ed as
-//!   the prefix grows ([`compress::gzip_blocks`], the pass's own compressor) and sent in a
-//!   chunked upload, whose `PUT ?digest=` at the layer's end names the digest the stream
-//!   worked out. The follower cannot know its diff_id (the config, and `manifest.json`, come
-//!   after the layers): it records what the layer made ([`Streamed::made`], under
-//!   [`gzip_key`]), and the pass checks that diff_id against the config before any manifest
-//!   names the blob.
+//! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`]
+//!   bytes, uncompressed in the archive: its digest is known only at its end, so it goes in a
+//!   chunked upload whose one `PATCH` follows the prefix from the layer's tar header on, as it
+//!   is with `RUNR_UPLOAD_COMPRESS=none` or gzip'ed as it arrives with `gzip`
+//!   ([`compress::gzip_blocks`], the pass's own compressor), and whose `PUT ?digest=` at the
+//!   layer's end names the digest the stream worked out (see `push::chunked`). With `none`, a
+//!   layer the prefix already holds whole when the walk reaches it (a restarted receiver) is
+//!   hashed first and pushed under that digest, after a `HEAD`. The follower cannot know a
+//!   layer's diff_id (the config, and `manifest.json`, come after the layers in Docker's
+//!   order): it records what the layer made ([`Streamed::made`], under [`layer_key`]), and the
+//!   pass checks that diff_id against the config before any manifest names the blob.
 //!
 //! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
 //! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
@@ -92,7 +93,7 @@ struct Claims {
     started: bool,
     follower: HashMap<String, watch::Receiver<Option<bool>>>,
     pass: HashSet<String>,
-    /// What the classic layers the follower gzip'ed made, by [`gzip_key`].
+    /// What the classic layers the follower pushed made, by [`layer_key`].
     made: HashMap<String, compress::Made>,
 }
 
@@ -180,7 +181,7 @@ impl Streamed {
         Claim::Mine
     }
 
-    /// What gzip'ing the layer under `key` ([`gzip_key`]) made, when the follower of
+    /// What the classic layer under `key` ([`layer_key`]) made, when the follower of
     /// `generation` pushed it (its claim said so).
     pub fn made(&self, generation: u64, key: &str) -> Option<compress::Made> {
         let mut claims = self.lock();
@@ -225,15 +226,15 @@ impl Streamed {
     }
 }
 
-/// The claim of the uncompressed classic layer at `span` when it is gzip'ed: its digest is
-/// known only once it is compressed, its place in the archive from its header on.
-pub fn gzip_key(span: Span) -> String {
-    format!("gzip:{}+{}", span.offset, span.len)
+/// The claim of the uncompressed classic layer at `span`: its digest (as it is or gzip'ed) is
+/// known only at its end, its place in the archive from its header on.
+pub fn layer_key(span: Span) -> String {
+    format!("layer:{}+{}", span.offset, span.len)
 }
 
 /// A blob the walker found.
 struct Job {
-    /// Its digest, or its [`gzip_key`].
+    /// Its digest, or a classic layer's [`layer_key`].
     digest: String,
     span: Span,
     kind: JobKind,
@@ -241,14 +242,14 @@ struct Job {
     name: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum JobKind {
     /// Its digest is its name: pushed as the prefix grows.
     Named,
-    /// Whole in the file and hashed.
-    Hashed,
-    /// Uncompressed, gzip'ed and pushed as the prefix grows.
-    Gzip,
+    /// A classic layer whole in the file and hashed (`none`): pushed under that digest.
+    Hashed(String),
+    /// A classic layer, uncompressed: pushed as the prefix grows, gzip'ed with `gzip`.
+    Arriving,
 }
 
 /// Follows the upload in `file` (of `size` bytes) for as long as the receiver runs: one walk
@@ -289,12 +290,9 @@ async fn follow_generation(
     let mut pushes = tokio::task::JoinSet::new();
     let mut pusher: Option<Arc<Pusher>> = None;
     while let Some(job) = jobs.recv().await {
+        let gzip = job.kind == JobKind::Arriving && opts.compress == Compress::Gzip;
         // A layer to gzip counts its bytes once they are known (compressed).
-        let counted = if job.kind == JobKind::Gzip {
-            0
-        } else {
-            job.span.len
-        };
+        let counted = if gzip { 0 } else { job.span.len };
         let Some(done) = opts
             .streamed
             .take(generation, &job.digest, counted, &opts.progress)
@@ -330,19 +328,20 @@ async fn follow_generation(
         let file = file.clone();
         let prefix = prefix.clone();
         let streamed = opts.streamed.clone();
+        let compress = opts.compress;
         pushes.spawn(async move {
-            let _gzip = match job.kind {
-                JobKind::Gzip => Some(streamed.gzip_turn().await),
-                _ => None,
+            let _gzip = match gzip {
+                true => Some(streamed.gzip_turn().await),
+                false => None,
             };
-            if job.kind == JobKind::Gzip && prefix.is_closed(generation) {
+            if gzip && prefix.is_closed(generation) {
                 // Its turn came after `complete` began: the pass gzip's it (the follower
                 // starts nothing new then).
                 done.send_replace(Some(false));
                 drop(permit);
                 return;
             }
-            let pushed = match job.kind {
+            let pushed = match &job.kind {
                 JobKind::Named => p
                     .push_following(
                         &Source::File(file),
@@ -354,15 +353,18 @@ async fn follow_generation(
                     .await
                     .map(|_| ()),
                 // Hashed by the walker from bytes that never change: no second hash.
-                JobKind::Hashed => p
-                    .push_own_file(&Source::File(file), job.span, &job.digest, "layer")
+                JobKind::Hashed(digest) => p
+                    .push_own_file(&Source::File(file), job.span, digest, "layer")
                     .await
-                    .map(|_| ()),
-                JobKind::Gzip => p
-                    .push_gzipping_following(&file, job.span, &job.name, (prefix, generation))
+                    .map(|_| {
+                        let made = (digest.clone(), digest.clone(), job.span.len);
+                        streamed.record(generation, &job.digest, made);
+                    }),
+                JobKind::Arriving => p
+                    .push_arriving(&file, job.span, &job.name, compress, (prefix, generation))
                     .await
                     .map(|made| {
-                        tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, "layer gzip'ed while the upload arrives");
+                        tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, gzip, "layer pushed while the upload arrives");
                         streamed.record(generation, &job.digest, made);
                     }),
             };
@@ -459,29 +461,21 @@ fn walk_tar(
                 // Compressed already: the pass checks it against its diff_id first.
                 continue;
             }
-            match compress {
-                Compress::None => {
-                    prefix
-                        .wait(generation, span.offset + span.len)
-                        .map_err(gone)?;
-                    if prefix.is_closed(generation) {
-                        return Err("complete began".into());
-                    }
-                    let mut reader = SpanReader::hashing(file.clone(), span);
-                    reader.consume().map_err(|e| e.to_string())?;
-                    Job {
-                        digest: reader.digest().expect("a hashing reader"),
-                        span,
-                        kind: JobKind::Hashed,
-                        name: name.to_string(),
-                    }
-                }
-                Compress::Gzip => Job {
-                    digest: gzip_key(span),
-                    span,
-                    kind: JobKind::Gzip,
-                    name: name.to_string(),
-                },
+            let kind = if compress == Compress::None && prefix.current().1 >= span.offset + span.len
+            {
+                // Here already (a restarted receiver): its digest first, so that a layer the
+                // registry has costs a HEAD.
+                let mut reader = SpanReader::hashing(file.clone(), span);
+                reader.consume().map_err(|e| e.to_string())?;
+                JobKind::Hashed(reader.digest().expect("a hashing reader"))
+            } else {
+                JobKind::Arriving
+            };
+            Job {
+                digest: layer_key(span),
+                span,
+                kind,
+                name: name.to_string(),
             }
         } else {
             continue;

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::image::compress;
 pub use crate::image::compress::Compress;
-use crate::image::follow::{gzip_key, Claim, Streamed};
+use crate::image::follow::{layer_key, Claim, Streamed};
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
@@ -314,13 +314,18 @@ async fn push_docker(
     let config = pass.claim(progress, &image.config_digest, image.config.len() as u64);
     let mut claims: Vec<Option<Claim>> = Vec::with_capacity(image.layers.len());
     for l in &image.layers {
-        if !l.gzipped && compress == Compress::None {
-            // Pushed as it is, under its diff_id: the follower may have it.
-            claims.push(Some(pass.claim(progress, &l.diff_id, l.span.len)));
-        } else if !l.gzipped && !file.is_packed() {
-            // To gzip: the follower may have done it as the upload arrived (its bytes are
-            // counted once known, compressed).
-            claims.push(Some(pass.claim(progress, &gzip_key(l.span), 0)));
+        if !l.gzipped && !file.is_packed() {
+            // The follower may have pushed it as the upload arrived, as it is or gzip'ed (a
+            // layer to gzip counts its bytes once known, compressed).
+            let size = match compress {
+                Compress::None => l.span.len,
+                Compress::Gzip => 0,
+            };
+            claims.push(Some(pass.claim(progress, &layer_key(l.span), size)));
+        } else if !l.gzipped && compress == Compress::None {
+            // Pushed as it is, under its diff_id, by the pass.
+            progress.add_blob(l.span.len);
+            claims.push(None);
         } else {
             // A layer gzip'ed here counts its bytes once they are known (compressed).
             progress.add_blob(if l.gzipped { l.span.len } else { 0 });
@@ -453,11 +458,6 @@ async fn push_docker_layer(
     work_dir: &Path,
     cpu: &tokio::sync::Semaphore,
 ) -> Result<Value, PushError> {
-    // With gzip the claim is of the gzip'ed layer (by its place), without of the layer itself.
-    let (gzip_claim, claim) = match compress {
-        Compress::Gzip => (claim, None),
-        Compress::None => (None, claim),
-    };
     let (media_type, digest, size) = if layer.gzipped {
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
@@ -504,18 +504,30 @@ async fn push_docker_layer(
             .push_gzipping(file, layer.span, &digest, size, &layer.name)
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
-    } else if let Some(made) = gzipped_by_follower(pass, gzip_claim, layer).await {
-        // Gzip'ed and pushed while the upload arrived: only its diff_id is left to check.
+    } else if let Some(made) = pushed_by_follower(pass, claim, layer).await {
+        // Pushed while the upload arrived: only its diff_id is left to check.
         let (diff_id, digest, size) = made;
         if diff_id != layer.diff_id {
-            let mismatch = compress::LayerError::DiffId {
-                name: layer.name.clone(),
-                diff_id: layer.diff_id.clone(),
-                actual: diff_id,
+            let mismatch = match compress {
+                Compress::Gzip => compress::LayerError::DiffId {
+                    name: layer.name.clone(),
+                    diff_id: layer.diff_id.clone(),
+                    actual: diff_id,
+                }
+                .to_string(),
+                // In the words of the pass's own check of a layer pushed under its diff_id.
+                Compress::None => format!(
+                    "layer {} in the file does not match its digest (its content hashes to {diff_id}): the file is damaged",
+                    layer.diff_id
+                ),
             };
-            return Err(PushError::Content(mismatch.to_string()));
+            return Err(PushError::Content(mismatch));
         }
-        (media::OCI_LAYER_GZIP, digest, size)
+        let media_type = match compress {
+            Compress::Gzip => media::OCI_LAYER_GZIP,
+            Compress::None => media::OCI_LAYER_TAR,
+        };
+        (media_type, digest, size)
     } else if compress == Compress::Gzip {
         tracing::info!(layer = %layer.name, "gzip'ing layer after complete");
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
@@ -542,17 +554,18 @@ async fn push_docker_layer(
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
-        let claim = claim.unwrap_or(Claim::Mine);
-        push_claimed(pusher, claim, file, layer.span, &layer.diff_id, "layer").await?;
+        pusher
+            .push_span(file, layer.span, &layer.diff_id, "layer")
+            .await?;
         (media::OCI_LAYER_TAR, layer.diff_id.clone(), layer.span.len)
     };
     Ok(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}))
 }
 
-/// What the follower made of the uncompressed `layer` it gzip'ed and pushed before `complete`
-/// (`(diff_id, digest, size)`); `None` when it did not (or its push failed): the pass gzip's
-/// it then.
-async fn gzipped_by_follower(
+/// What the uncompressed `layer` the follower pushed before `complete` made (`(diff_id,
+/// digest, size)`, as it is or gzip'ed); `None` when it did not (or its push failed): the pass
+/// pushes it then.
+async fn pushed_by_follower(
     pass: &Pass<'_>,
     claim: Option<Claim>,
     layer: &DockerLayer,
@@ -561,7 +574,7 @@ async fn gzipped_by_follower(
     if !claim.pushed().await {
         return None;
     }
-    pass.streamed.made(pass.generation, &gzip_key(layer.span))
+    pass.streamed.made(pass.generation, &layer_key(layer.span))
 }
 
 /// The layer descriptors of the manifest the tag holds, when it is this same image (same config

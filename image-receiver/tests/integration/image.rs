@@ -559,7 +559,7 @@ fn a_classic_tar_gzipped_as_it_arrives_needs_its_size_on_disk() {
     assert_eq!(verify_pulled(&reg, &c, false), 1);
     let log = r.log();
     assert_eq!(
-        crate::stream::gzipped_while_arriving(&log).len(),
+        crate::stream::layers_pushed_while_arriving(&log).len(),
         1,
         "{log}"
     );

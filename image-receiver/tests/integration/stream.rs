@@ -9,8 +9,13 @@
 //!   gzip'ed as they arrive and in the registry before `complete`, nothing is compressed after
 //!   it, and the manifest is the very one the after-complete pass writes (the same compressor,
 //!   the same bytes); the layers pulled back decompress to their diff_ids;
-//! - a receiver killed while such a layer streams: gzip'ed again from byte 0 after the restart;
+//! - in order with `RUNR_UPLOAD_COMPRESS=none`: a classic layer streams from its first byte,
+//!   bytes of it in the registry's upload session before its end arrived;
+//! - a receiver killed while such a layer streams (gzip'ed or as it is): pushed again from
+//!   byte 0 after the restart;
 //! - such a layer whose bytes do not match the config's diff_id: `failed` naming it, no tag;
+//! - a chunk sent again with other bytes inside a layer already streaming: nothing changes
+//!   (the overlap rule), the image is the one of the bytes received first;
 //! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
 //! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
 //!   unreferenced blobs;
@@ -286,10 +291,11 @@ fn a_classic_archive_in_order_is_in_the_registry_before_complete() {
     );
 }
 
-/// The `(layer name, digest)` of every layer the follower gzip'ed, from its log.
-pub(crate) fn gzipped_while_arriving(log: &str) -> Vec<(String, String)> {
+/// The `(layer name, digest)` of every classic layer the follower pushed in a chunked upload
+/// as it arrived (gzip'ed or not), from its log.
+pub(crate) fn layers_pushed_while_arriving(log: &str) -> Vec<(String, String)> {
     log.lines()
-        .filter(|l| l.contains("layer gzip'ed while the upload arrives"))
+        .filter(|l| l.contains("layer pushed while the upload arrives"))
         .map(|l| {
             let field = |k: &str| {
                 let at = l
@@ -373,7 +379,7 @@ fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() 
         s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large as u64
     });
     assert_eq!(s["status"], "receiving", "{s}");
-    let gzipped = gzipped_while_arriving(&r.log());
+    let gzipped = layers_pushed_while_arriving(&r.log());
     assert_eq!(gzipped.len(), large, "{}", r.log());
     for (name, digest) in &gzipped {
         assert!(name.ends_with("/layer.tar"), "{name}");
@@ -415,12 +421,11 @@ fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() 
     assert_eq!(push["bytes"], today["push"]["bytes"], "{s}\n{today}");
 }
 
-/// A classic layer gzip'ed and pushed while it arrived whose bytes do not hash to the
-/// config's diff_id (one byte changed in the archive, whose SHA-256 is then the upload's
-/// own): the check after `complete` fails the upload naming the layer, with no manifest and no
-/// tag; the gzip'ed blob stays unreferenced.
-#[test]
-fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
+/// A classic layer pushed while it arrived (`compress`: as it is or gzip'ed) whose bytes do
+/// not hash to the config's diff_id (one byte changed in the archive, whose SHA-256 is then the
+/// upload's own): the check after `complete` fails the upload naming the layer, with no
+/// manifest and no tag; the blob pushed stays unreferenced.
+fn a_layer_pushed_as_it_arrived_that_fails_its_diff_id_leaves_no_tag(compress: &str) {
     if !tools() {
         return;
     }
@@ -434,12 +439,18 @@ fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
     data[first + 1000] ^= 0xff;
     let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
-    let repo = "runr-uploads/platform/docker-gzip-damaged";
-    let r = receiver(work.path(), &reg, repo, &data, &[]);
+    let repo = format!("runr-uploads/platform/docker-{compress}-damaged");
+    let r = receiver(
+        work.path(),
+        &reg,
+        &repo,
+        &data,
+        &[("RUNR_UPLOAD_COMPRESS", compress)],
+    );
     let tail = after_large_blobs(&data);
     put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
     let large = large(&image).len();
-    r.wait_status("the follower to gzip and push the large layers", |s| {
+    r.wait_status("the follower to push the large layers", |s| {
         s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large as u64
     });
     let (code, body) = r.put(tail as u64, &data[tail..]);
@@ -448,15 +459,145 @@ fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
     let s = finished(&r);
     assert_eq!(s["status"], "failed", "{s}\n{}", r.log());
     let message = s["message"].as_str().unwrap();
+    let says = match compress {
+        "gzip" => "does not match its diff_id",
+        _ => "in the file does not match its digest",
+    };
     assert!(
-        message.contains("does not match its diff_id") && message.contains(&image.layers[0].digest),
+        message.contains(says) && message.contains(&image.layers[0].digest),
         "{s}"
     );
-    assert!(!has_manifest(&reg, repo, "1"), "a tag after a mismatch");
-    let gzipped = gzipped_while_arriving(&r.log());
-    assert_eq!(gzipped.len(), large, "{}", r.log());
-    for (name, digest) in &gzipped {
-        assert!(has_blob(&reg, repo, digest), "{name} {digest}");
+    assert!(!has_manifest(&reg, &repo, "1"), "a tag after a mismatch");
+    let pushed = layers_pushed_while_arriving(&r.log());
+    assert_eq!(pushed.len(), large, "{}", r.log());
+    for (name, digest) in &pushed {
+        assert!(has_blob(&reg, &repo, digest), "{name} {digest}");
+    }
+}
+
+#[test]
+fn a_layer_gzipped_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
+    a_layer_pushed_as_it_arrived_that_fails_its_diff_id_leaves_no_tag("gzip");
+}
+
+#[test]
+fn a_layer_pushed_as_it_is_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() {
+    a_layer_pushed_as_it_arrived_that_fails_its_diff_id_leaves_no_tag("none");
+}
+
+/// The first large layer of the classic archive `data`: where its bytes start and end.
+fn first_layer(data: &[u8]) -> (usize, usize) {
+    let mut tar = tar::Archive::new(data);
+    let e = tar.entries().unwrap().next().unwrap().unwrap();
+    assert!(e.size() >= 1 << 20);
+    let at = e.raw_file_position() as usize;
+    (at, at + e.size() as usize)
+}
+
+/// With `RUNR_UPLOAD_COMPRESS=none` a classic layer streams into the registry from its first
+/// byte (a chunked upload whose `PATCH` follows the prefix), not once it is whole: bytes of it
+/// are pushed while its end has not arrived, and it is in the registry before `complete`; the
+/// image is the one the after-complete pass pushes.
+#[test]
+fn a_classic_layer_with_none_streams_from_its_first_byte() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = classic_archive(&image);
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = "runr-uploads/platform/docker-none-first-byte";
+    let none = [("RUNR_UPLOAD_COMPRESS", "none")];
+    let r = receiver(work.path(), &reg, repo, &data, &none);
+    let (_, end) = first_layer(&data);
+    let upto = (end - 1) / CHUNK;
+    assert!(upto * CHUNK < end);
+    put_range(&r, &data, 0..upto);
+    let s = r.wait_status("the first layer to stream", |s| {
+        s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+    });
+    assert_eq!(s["push"]["blobs_pushed"], 0, "{s}");
+    assert!(!has_blob(&reg, repo, &image.layers[0].digest));
+    let tail = after_large_blobs(&data);
+    put_range(&r, &data[..tail], upto..chunk_count(&data[..tail]));
+    let large = large(&image);
+    r.wait_status("the follower to push the large layers", |s| {
+        s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large.len() as u64
+    });
+    for d in &large {
+        assert!(
+            has_blob(&reg, repo, d),
+            "{d} is not in the registry before complete"
+        );
+    }
+    let pushed = layers_pushed_while_arriving(&r.log());
+    let digests: Vec<String> = pushed.into_iter().map(|(_, d)| d).collect();
+    assert_eq!(digests, large, "{}", r.log());
+    assert!(!has_manifest(&reg, repo, "1"), "a tag before complete");
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    pulled_whole(&reg, repo, &image);
+    let bytes = image.blob_bytes();
+    assert_eq!(s["push"]["bytes_pushed"], bytes, "{s}");
+    assert_eq!(s["push"]["bytes"], bytes, "{s}");
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        "runr-uploads/platform/docker-none-first-byte-pass",
+        &data,
+        &none,
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
+}
+
+/// The overlap rule while a layer streams: a chunk sent again with other bytes over the part
+/// of the layer already pushed changes nothing (it is answered, and only bytes nobody held are
+/// written), so the layer in the registry, and the image, are the ones of the bytes received
+/// first.
+#[test]
+fn a_chunk_rewritten_inside_a_streamed_layer_changes_nothing() {
+    if !tools() {
+        return;
+    }
+    for compress in ["none", "gzip"] {
+        let image = image();
+        let data = classic_archive(&image);
+        let reg = Registry::start();
+        let work = tempfile::tempdir().unwrap();
+        let repo = format!("runr-uploads/platform/docker-{compress}-rewritten");
+        let env = [("RUNR_UPLOAD_COMPRESS", compress)];
+        let r = receiver(work.path(), &reg, &repo, &data, &env);
+        let (start, end) = first_layer(&data);
+        let upto = (end - 1) / CHUNK;
+        put_range(&r, &data, 0..upto);
+        r.wait_status("the first layer to stream", |s| {
+            s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+        });
+        // The chunk holding the layer's first bytes again, every byte flipped.
+        let i = start / CHUNK;
+        let other: Vec<u8> = data[i * CHUNK..(i + 1) * CHUNK]
+            .iter()
+            .map(|b| !b)
+            .collect();
+        let (code, body) = r.put((i * CHUNK) as u64, &other);
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["uploaded_bytes"], (upto * CHUNK) as u64, "{body}");
+        put_range(&r, &data, upto..chunk_count(&data));
+        assert!(r.data_file() == data, "held bytes changed");
+        assert_eq!(r.complete().0, 202);
+        let s = finished(&r);
+        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        match compress {
+            "gzip" => pulled_gzipped(&reg, &repo, &image),
+            _ => pulled_whole(&reg, &repo, &image),
+        }
     }
 }
 
@@ -560,11 +701,10 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     pulled_whole(&reg, repo, &image);
 }
 
-/// The same with a classic layer the follower gzip's (the default `gzip`), killed part way
-/// through its chunked upload: the restarted receiver gzip's it again from byte 0 and the
-/// image is whole.
-#[test]
-fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
+/// The same with a classic layer the follower pushes in a chunked upload (`compress`: as it is
+/// or gzip'ed), killed part way through it: the restarted receiver pushes it again from byte 0
+/// and the image is whole.
+fn a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0(compress: &str) {
     if !tools() {
         return;
     }
@@ -572,17 +712,14 @@ fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
     let data = classic_archive(&image);
     let work = tempfile::tempdir().unwrap();
     let reg = Registry::start();
-    let repo = "runr-uploads/platform/killed-gzip";
-    let mut r = receiver(work.path(), &reg, repo, &data, &[]);
-    let at = {
-        let mut tar = tar::Archive::new(&data[..]);
-        let e = tar.entries().unwrap().next().unwrap().unwrap();
-        e.raw_file_position() as usize
-    };
-    // All but the layer's last 512 bytes: its first members are sent (a member goes once the
+    let repo = format!("runr-uploads/platform/killed-{compress}");
+    let env = [("RUNR_UPLOAD_COMPRESS", compress)];
+    let mut r = receiver(work.path(), &reg, &repo, &data, &env);
+    let (_, end) = first_layer(&data);
+    // All but the layer's last bytes: its first pieces are sent (a gzip member goes once the
     // compressor read two blocks further and the next member came), its upload not committed.
-    let upto = (at + image.layers[0].data.len() - 1) / CHUNK;
-    assert!(upto * CHUNK < at + image.layers[0].data.len());
+    let upto = (end - 1) / CHUNK;
+    assert!(upto * CHUNK < end);
     put_range(&r, &data, 0..upto);
     r.wait_status("the first layer to stream", |s| {
         s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
@@ -593,7 +730,20 @@ fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    pulled_gzipped(&reg, repo, &image);
+    match compress {
+        "gzip" => pulled_gzipped(&reg, &repo, &image),
+        _ => pulled_whole(&reg, &repo, &image),
+    }
+}
+
+#[test]
+fn a_receiver_killed_while_a_layer_is_gzipped_follows_again_from_byte_0() {
+    a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0("gzip");
+}
+
+#[test]
+fn a_receiver_killed_while_a_layer_streams_as_it_is_follows_again_from_byte_0() {
+    a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0("none");
 }
 
 #[test]
