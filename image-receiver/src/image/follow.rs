@@ -5,7 +5,7 @@
 //! waits for the prefix to grow), detects a plain tar from the first bytes and walks its headers
 //! in order. What it can push before `complete` it hands to the async side, which pushes
 //! [`PUSH_CONCURRENCY`] at a time through the same `Pusher` code as the after-complete pass
-//! (HEAD first, the retry policy, the progress):
+//! (the retry policy, the progress, a HEAD first where the digest is known before the body):
 //! - an OCI blob (`blobs/sha256/<hex>`) of at least [`STREAM_MIN`] bytes: its digest is its name,
 //!   so its push starts at its tar header and each block is sent once the prefix holds it; the
 //!   stream hashes what it sends and fails before the commit when the bytes do not match;
@@ -19,20 +19,25 @@
 //!   hashed first and pushed under that digest, after a `HEAD`. The follower cannot know a
 //!   layer's diff_id (the config, and `manifest.json`, come after the layers in Docker's
 //!   order): it records what the layer made ([`Streamed::made`], under [`layer_key`]), and the
-//!   pass checks that diff_id against the config before any manifest names the blob.
+//!   pass checks that diff_id against the config before any manifest names the blob. Layers
+//!   are gzip'ed one at a time (each compression takes both cores); one whose turn comes after
+//!   `complete` began is still the follower's, which streams it with no copy on disk.
 //!
 //! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
 //! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
-//! classic layers that are gzip'ed already (checked against their diff_id first), and every blob whose header the walk reaches only once the whole file
-//! is there (chunks sent out of order, a last chunk first): then `complete` is next, and hashing
-//! or pushing beside the pass would only compete with it. Nothing the follower does is visible: it pushes blobs only, never a manifest
-//! or a tag; those come after `complete` verified the file, and a file that fails verification
-//! leaves only unreferenced blobs, which the registry's garbage collection removes.
+//! classic layers that are gzip'ed already (checked against their diff_id first), and every
+//! blob whose header the walk reaches only once the whole file is there (chunks sent out of
+//! order, a last chunk first): then `complete` is next, and hashing or pushing beside the pass
+//! would only compete with it. Nothing the follower does is visible: it pushes blobs only,
+//! never a manifest or a tag; those come after `complete` verified the file, and a file that
+//! fails verification leaves only unreferenced blobs, which the registry's garbage collection
+//! removes.
 //!
 //! [`Streamed`] is where the follower and the pass meet: each blob is claimed once, by whichever
 //! comes first; the pass waits for a blob the follower is pushing and pushes it itself when the
 //! follower's push failed. A kill -9 loses nothing: the restarted receiver follows the prefix
-//! again from byte 0, and what the registry has costs a HEAD.
+//! again from byte 0; what the registry has costs a HEAD, except a classic layer gzip'ed as it
+//! arrives (its digest is known only at its end), which is sent again.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -330,17 +335,12 @@ async fn follow_generation(
         let streamed = opts.streamed.clone();
         let compress = opts.compress;
         pushes.spawn(async move {
+            // Taken even when the turn comes after `complete` began: the layer was claimed
+            // before, the pass waits for it, and the follower streams it with no copy on disk.
             let _gzip = match gzip {
                 true => Some(streamed.gzip_turn().await),
                 false => None,
             };
-            if gzip && prefix.is_closed(generation) {
-                // Its turn came after `complete` began: the pass gzip's it (the follower
-                // starts nothing new then).
-                done.send_replace(Some(false));
-                drop(permit);
-                return;
-            }
             let pushed = match &job.kind {
                 JobKind::Named => p
                     .push_following(
