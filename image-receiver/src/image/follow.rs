@@ -23,8 +23,16 @@
 //!   are gzip'ed one at a time (each compression takes both cores); one whose turn comes after
 //!   `complete` began is still the follower's, which streams it with no copy on disk.
 //!
-//! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
-//! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
+//! A whole archive compressed with gzip, xz or zstd is walked through a decoder that reads
+//! behind the prefix ([`Packed::following`]): the walk is the pass's own index pass
+//! ([`Archive::index_packed`]), whose [`Tee`] hands each blob's bytes (a classic layer's gzip
+//! members, with `gzip`) to a push as they are decoded (`push::teed`: one attempt each, the
+//! decoder moving forward only); documents stay in the index's memory for the pass. The walk
+//! goes on after `complete` to the end of the stream, and the index it made is left for the
+//! pass ([`Streamed::followed_index`]), which then decodes nothing again.
+//!
+//! Everything else is left to the after-complete pass: small blobs of a plain tar (configs,
+//! manifests, small layers: one request each), a wasm module,
 //! classic layers that are gzip'ed already (checked against their diff_id first), and every
 //! blob whose header the walk reaches only once the whole file is there (chunks sent out of
 //! order, a last chunk first): then `complete` is next, and hashing or pushing beside the pass
@@ -45,11 +53,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use tar::EntryType;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
-use crate::image::compress::{self, Compress};
+use crate::image::archive::{Archive, Reading, Sink, Tee};
+use crate::image::compress::{self, Compress, Compression, Packed};
 use crate::image::pipeline::{ProcessOptions, PUSH_CONCURRENCY};
-use crate::image::push::Pusher;
+use crate::image::push::{Fed, Feed, Pusher};
 use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::{FollowReader, Gone, Prefix};
 use crate::progress::Progress;
@@ -100,6 +109,34 @@ struct Claims {
     pass: HashSet<String>,
     /// What the classic layers the follower pushed made, by [`layer_key`].
     made: HashMap<String, compress::Made>,
+    /// The index of a whole compressed archive the follower of this generation walks.
+    index: Option<Arc<IndexSlot>>,
+}
+
+/// Where the follower leaves the index of a whole compressed archive it walked while it
+/// arrived: the pass after `complete` waits for it and takes it instead of decoding the
+/// archive again.
+#[derive(Debug)]
+struct IndexSlot {
+    /// True once the walk ended (with an index or without).
+    ended: watch::Sender<bool>,
+    archive: Mutex<Option<Archive>>,
+}
+
+/// The follower's hold on its [`IndexSlot`]: however the walk ends (a panic included), the
+/// pass stops waiting.
+struct Indexing(Arc<IndexSlot>);
+
+impl Indexing {
+    fn finish(self, archive: Archive) {
+        *self.0.archive.lock().unwrap_or_else(|e| e.into_inner()) = Some(archive);
+    }
+}
+
+impl Drop for Indexing {
+    fn drop(&mut self) {
+        self.0.ended.send_replace(true);
+    }
 }
 
 impl Claims {
@@ -158,9 +195,49 @@ impl Streamed {
     /// The pass of the current generation begins: the follower starts nothing new.
     pub fn begin_pass(&self) -> u64 {
         let (generation, _) = self.prefix.current();
+        // Closed under the claims' lock: a walk of a compressed archive either began before
+        // (and the pass waits for its index) or does not begin.
+        let mut claims = self.lock();
         self.prefix.close(generation);
-        self.lock().sync(generation);
+        claims.sync(generation);
         generation
+    }
+
+    /// The follower of `generation` begins to index a whole compressed archive, unless the
+    /// pass began.
+    fn begin_index(&self, generation: u64) -> Option<Indexing> {
+        let mut claims = self.lock();
+        if !claims.sync(generation) || self.prefix.is_closed(generation) {
+            return None;
+        }
+        let slot = Arc::new(IndexSlot {
+            ended: watch::channel(false).0,
+            archive: Mutex::new(None),
+        });
+        claims.index = Some(slot.clone());
+        Some(Indexing(slot))
+    }
+
+    /// The index of the whole compressed archive the follower of `generation` walked while it
+    /// arrived, once its walk ended (its pushes are claimed: the pass waits for those by their
+    /// claims); `None` when it did not walk one, or could not finish (the pass indexes the
+    /// archive itself then).
+    pub async fn followed_index(&self, generation: u64) -> Option<Archive> {
+        let slot = {
+            let mut claims = self.lock();
+            if !claims.sync(generation) {
+                return None;
+            }
+            claims.index.clone()?
+        };
+        let mut ended = slot.ended.subscribe();
+        let _ = ended.wait_for(|e| *e).await;
+        let archive = slot
+            .archive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        archive
     }
 
     /// The pass starts pushing: the progress starts from zero unless the follower already
@@ -204,17 +281,19 @@ impl Streamed {
     }
 
     /// The follower of `generation` takes `digest` of `size` bytes and counts it, unless it is
-    /// taken (or the generation is over); the sender says how its push ended.
+    /// taken (or the generation is over, or `complete` began and it is not `after_complete`);
+    /// the sender says how its push ended.
     fn take(
         &self,
         generation: u64,
         digest: &str,
         size: u64,
         progress: &Progress,
+        after_complete: bool,
     ) -> Option<watch::Sender<Option<bool>>> {
         let mut claims = self.lock();
         if !claims.sync(generation)
-            || self.prefix.is_closed(generation)
+            || (self.prefix.is_closed(generation) && !after_complete)
             || claims.pass.contains(digest)
             || claims.follower.contains_key(digest)
         {
@@ -247,7 +326,6 @@ struct Job {
     name: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
 enum JobKind {
     /// Its digest is its name: pushed as the prefix grows.
     Named,
@@ -255,6 +333,9 @@ enum JobKind {
     Hashed(String),
     /// A classic layer, uncompressed: pushed as the prefix grows, gzip'ed with `gzip`.
     Arriving,
+    /// A blob of a whole compressed archive, fed by the walk from its decoder: the sender gets
+    /// the walker's end of its body (none when it is not pushed).
+    Teed(Fed, oneshot::Sender<Option<Feed>>),
 }
 
 /// Follows the upload in `file` (of `size` bytes) for as long as the receiver runs: one walk
@@ -280,11 +361,11 @@ async fn follow_generation(
     let (tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1);
     let walker = {
         let file = file.clone();
-        let prefix = prefix.clone();
+        let streamed = opts.streamed.clone();
         let compress = opts.compress;
         std::thread::Builder::new()
             .name("follower".into())
-            .spawn(move || walk(&file, &prefix, generation, size, compress, &tx))
+            .spawn(move || walk(&file, &streamed, generation, size, compress, &tx))
     };
     // Not joined: it ends at its next wait or send once this side is gone.
     if let Err(e) = walker {
@@ -295,13 +376,20 @@ async fn follow_generation(
     let mut pushes = tokio::task::JoinSet::new();
     let mut pusher: Option<Arc<Pusher>> = None;
     while let Some(job) = jobs.recv().await {
-        let gzip = job.kind == JobKind::Arriving && opts.compress == Compress::Gzip;
+        let gzip = matches!(job.kind, JobKind::Arriving) && opts.compress == Compress::Gzip;
         // A layer to gzip counts its bytes once they are known (compressed).
-        let counted = if gzip { 0 } else { job.span.len };
+        let counted = match job.kind {
+            JobKind::Teed(Fed::Gzipping, _) => 0,
+            _ if gzip => 0,
+            _ => job.span.len,
+        };
+        // A walk of a compressed archive goes on after `complete`: the pass waits for it.
+        let teed = matches!(job.kind, JobKind::Teed(..));
         let Some(done) = opts
             .streamed
-            .take(generation, &job.digest, counted, &opts.progress)
+            .take(generation, &job.digest, counted, &opts.progress, teed)
         else {
+            // Dropped with the job, a fed blob's sender tells the walker to go on without it.
             continue;
         };
         let p = match &pusher {
@@ -341,7 +429,20 @@ async fn follow_generation(
                 true => Some(streamed.gzip_turn().await),
                 false => None,
             };
-            let pushed = match &job.kind {
+            let pushed = match job.kind {
+                JobKind::Teed(fed, ready) => {
+                    let layer = fed != Fed::Named(job.digest.clone());
+                    let gzip = fed == Fed::Gzipping;
+                    p.push_fed(fed, job.span.len, &job.name, ready)
+                        .await
+                        .map(|made| match made {
+                            Some(made) if layer => {
+                                tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, gzip, "layer pushed while the upload arrives");
+                                streamed.record(generation, &job.digest, made);
+                            }
+                            _ => {}
+                        })
+                }
                 JobKind::Named => p
                     .push_following(
                         &Source::File(file),
@@ -354,7 +455,7 @@ async fn follow_generation(
                     .map(|_| ()),
                 // Hashed by the walker from bytes that never change: no second hash.
                 JobKind::Hashed(digest) => p
-                    .push_own_file(&Source::File(file), job.span, digest, "layer")
+                    .push_own_file(&Source::File(file), job.span, &digest, "layer")
                     .await
                     .map(|_| {
                         let made = (digest.clone(), digest.clone(), job.span.len);
@@ -383,13 +484,13 @@ async fn follow_generation(
 /// the archive, at the first thing it cannot follow, or when the generation closes.
 fn walk(
     file: &Arc<File>,
-    prefix: &Arc<Prefix>,
+    streamed: &Arc<Streamed>,
     generation: u64,
     size: u64,
     compress: Compress,
     jobs: &tokio::sync::mpsc::Sender<Job>,
 ) {
-    match walk_tar(file, prefix, generation, size, compress, jobs) {
+    match walk_tar(file, streamed, generation, size, compress, jobs) {
         Ok(()) => tracing::debug!("the follower reached the end of the archive"),
         Err(why) => {
             tracing::debug!(%why, "the follower stops: the pass after complete does the rest")
@@ -399,21 +500,28 @@ fn walk(
 
 fn walk_tar(
     file: &Arc<File>,
-    prefix: &Arc<Prefix>,
+    streamed: &Arc<Streamed>,
     generation: u64,
     size: u64,
     compress: Compress,
     jobs: &tokio::sync::mpsc::Sender<Job>,
 ) -> Result<(), String> {
+    let prefix = &streamed.prefix;
     let gone = |e: Gone| e.to_string();
     let n = size.min(512);
     prefix.wait(generation, n).map_err(gone)?;
     let mut head = vec![0u8; n as usize];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| e.to_string())?;
+    match compress::recognise(&head) {
+        Some(kind @ (Compression::Gzip | Compression::Xz | Compression::Zstd)) => {
+            return walk_packed(file, streamed, generation, size, kind, compress, jobs);
+        }
+        Some(other) => return Err(format!("{}: not followed", other.name())),
+        None => {}
+    }
     if n < 512 || &head[257..262] != b"ustar" {
-        let what = compress::recognise(&head).map_or("not a plain tar", |c| c.name());
-        return Err(format!("{what}: not followed"));
+        return Err("not a plain tar: not followed".into());
     }
     let reader = FollowReader::new(file.clone(), prefix.clone(), generation, size);
     let mut tar = tar::Archive::new(reader);
@@ -485,6 +593,107 @@ fn walk_tar(
         }
     }
     Ok(())
+}
+
+/// Walks a whole compressed archive behind the prefix: the index pass of the pass after
+/// `complete` ([`Archive::index_packed`]) run on a decoder that waits for the prefix, its tee
+/// pushing the blobs from that one decode. The index it makes is left for the pass.
+fn walk_packed(
+    file: &Arc<File>,
+    streamed: &Arc<Streamed>,
+    generation: u64,
+    size: u64,
+    kind: Compression,
+    compress: Compress,
+    jobs: &tokio::sync::mpsc::Sender<Job>,
+) -> Result<(), String> {
+    let prefix = &streamed.prefix;
+    let follow = (prefix.clone(), generation);
+    let limit = compress::expansion_limit(size);
+    let packed =
+        Packed::following(file.clone(), size, kind, limit, follow).map_err(|e| e.to_string())?;
+    let packed = Arc::new(packed);
+    // The first decompressed bytes: what the pass's detection reads first.
+    let mut first = vec![0u8; 512];
+    let mut n = 0;
+    while n < first.len() {
+        match packed.read_at(&mut first[n..], n as u64) {
+            Ok(0) => break,
+            Ok(got) => n += got,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    first.truncate(n);
+    if n < 512 || &first[257..262] != b"ustar" || compress::recognise(&first[..16]).is_some() {
+        return Err(format!(
+            "{}: not a compressed tar: not followed",
+            kind.name()
+        ));
+    }
+    if prefix.current().1 >= size {
+        return Err("the whole file is there: the pass after complete does it all".into());
+    }
+    let Some(indexing) = streamed.begin_index(generation) else {
+        return Err("complete began".into());
+    };
+    let mut tee = Teeing { jobs, compress };
+    match Archive::index_packed(packed, first, compress == Compress::Gzip, &mut tee) {
+        Ok(archive) => {
+            indexing.finish(archive);
+            Ok(())
+        }
+        // The pass indexes it again, and says what is wrong in its own terms.
+        Err(Ok(e)) => Err(e.to_string()),
+        Err(Err(e)) => Err(e.to_string()),
+    }
+}
+
+/// The follower's [`Tee`]: each blob the index pass of a compressed archive reads is offered
+/// to the push, which takes its bytes unless it is taken (or, named by its digest, in the
+/// registry already). Documents are left to the pass (held in memory by the index), and so are
+/// classic layers gzip'ed in the archive (their diff_id is checked first).
+struct Teeing<'a> {
+    jobs: &'a tokio::sync::mpsc::Sender<Job>,
+    compress: Compress,
+}
+
+impl Tee for Teeing<'_> {
+    fn entry(
+        &mut self,
+        name: &str,
+        span: Span,
+        head: &[u8],
+        reading: Reading,
+    ) -> Option<Box<dyn Sink>> {
+        if reading == Reading::Held {
+            return None;
+        }
+        let (digest, fed) =
+            if let Some(hex) = name.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
+                let digest = format!("sha256:{hex}");
+                (digest.clone(), Fed::Named(digest))
+            } else if name.ends_with(".tar") && !name.starts_with("blobs/") {
+                match (reading, self.compress) {
+                    (Reading::Gzipping, _) => (layer_key(span), Fed::Gzipping),
+                    (_, Compress::None) if compress::recognise(head).is_none() => {
+                        (layer_key(span), Fed::Layer)
+                    }
+                    _ => return None,
+                }
+            } else {
+                return None;
+            };
+        let (ready, feed) = oneshot::channel();
+        let job = Job {
+            digest,
+            span,
+            kind: JobKind::Teed(fed, ready),
+            name: name.to_string(),
+        };
+        self.jobs.blocking_send(job).ok()?;
+        let feed = feed.blocking_recv().ok()??;
+        Some(Box::new(feed))
+    }
 }
 
 fn is_hex64(s: &str) -> bool {

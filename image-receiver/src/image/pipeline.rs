@@ -7,7 +7,9 @@
 //!
 //! This is the pass after `complete`: it reads the whole verified file and pushes every blob the
 //! follower ([`crate::image::follow`]) did not push while the upload arrived (each blob claimed
-//! once through [`Streamed`]), then the manifests, indexes and the tag.
+//! once through [`Streamed`]), then the manifests, indexes and the tag. A whole compressed
+//! archive the follower indexed while it arrived is not decoded again: the pass takes that
+//! index.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -182,19 +184,26 @@ pub async fn process_with(
         .or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "the upload".into());
     let in_file = |e: String| ProcessError::new(format!("{label}: {e}"));
+    // A whole compressed archive the follower indexed while it arrived (the same index pass,
+    // over the same bytes) is not decoded again.
+    let indexed = opts.streamed.followed_index(pass.generation).await;
+    if indexed.is_some() {
+        tracing::info!("the compressed archive was indexed while it arrived");
+    }
     let detected = {
         let path = file.to_path_buf();
         let upload_name = opts.upload_name.clone();
         let gzip_layers = opts.compress == Compress::Gzip;
         tokio::task::spawn_blocking(move || {
-            formats::detect(
-                &path,
-                &DetectOptions {
-                    upload_name: upload_name.as_deref(),
-                    expansion_limit: compress::expansion_limit,
-                    gzip_layers,
-                },
-            )
+            let opts = DetectOptions {
+                upload_name: upload_name.as_deref(),
+                expansion_limit: compress::expansion_limit,
+                gzip_layers,
+            };
+            match indexed {
+                Some(archive) => formats::detect_indexed(archive, &opts),
+                None => formats::detect(&path, &opts),
+            }
         })
         .await
         .map_err(|e| ProcessError::new(format!("format detection stopped: {e}")))?
@@ -261,7 +270,28 @@ async fn push_oci(
     let pushes: Vec<BoxFuture<'_, Result<bool, PushError>>> = blobs
         .iter()
         .zip(claims)
-        .map(|(b, c)| push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed())
+        .map(|(b, c)| {
+            // A document the index of a compressed archive holds (a config) goes from memory,
+            // not through a decoder again.
+            match image
+                .archive
+                .held_document(b.span)
+                .filter(|_| file.is_packed())
+            {
+                Some(doc) => async move {
+                    if c.pushed().await {
+                        return Ok(false);
+                    }
+                    let doc = Bytes::from(doc.to_vec());
+                    pusher
+                        .push_bytes(doc, &b.digest, b.what)
+                        .await
+                        .map(|()| true)
+                }
+                .boxed(),
+                None => push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed(),
+            }
+        })
         .collect();
     futures_util::stream::iter(pushes)
         .buffer_unordered(concurrency)
@@ -314,7 +344,7 @@ async fn push_docker(
     let config = pass.claim(progress, &image.config_digest, image.config.len() as u64);
     let mut claims: Vec<Option<Claim>> = Vec::with_capacity(image.layers.len());
     for l in &image.layers {
-        if !l.gzipped && !file.is_packed() {
+        if !l.gzipped {
             // The follower may have pushed it as the upload arrived, as it is or gzip'ed (a
             // layer to gzip counts its bytes once known, compressed).
             let size = match compress {
@@ -322,10 +352,6 @@ async fn push_docker(
                 Compress::Gzip => 0,
             };
             claims.push(Some(pass.claim(progress, &layer_key(l.span), size)));
-        } else if !l.gzipped && compress == Compress::None {
-            // Pushed as it is, under its diff_id, by the pass.
-            progress.add_blob(l.span.len);
-            claims.push(None);
         } else {
             // A layer gzip'ed here counts its bytes once they are known (compressed).
             progress.add_blob(if l.gzipped { l.span.len } else { 0 });
@@ -488,22 +514,6 @@ async fn push_docker_layer(
         }
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
-    } else if let (Compress::Gzip, Some((diff_id, digest, size))) = (compress, known.made) {
-        // From a compressed archive: gzip'ed again as it streams out of the decoder, into the
-        // digest the index pass worked out (the same bytes: no copy on disk).
-        if diff_id != layer.diff_id {
-            let mismatch = compress::LayerError::DiffId {
-                name: layer.name.clone(),
-                diff_id: layer.diff_id.clone(),
-                actual: diff_id,
-            };
-            return Err(PushError::Content(mismatch.to_string()));
-        }
-        pusher.progress().add_bytes(size);
-        pusher
-            .push_gzipping(file, layer.span, &digest, size, &layer.name)
-            .await?;
-        (media::OCI_LAYER_GZIP, digest, size)
     } else if let Some(made) = pushed_by_follower(pass, claim, layer).await {
         // Pushed while the upload arrived: only its diff_id is left to check.
         let (diff_id, digest, size) = made;
@@ -528,6 +538,22 @@ async fn push_docker_layer(
             Compress::None => media::OCI_LAYER_TAR,
         };
         (media_type, digest, size)
+    } else if let (Compress::Gzip, Some((diff_id, digest, size))) = (compress, known.made) {
+        // From a compressed archive: gzip'ed again as it streams out of the decoder, into the
+        // digest the index pass worked out (the same bytes: no copy on disk).
+        if diff_id != layer.diff_id {
+            let mismatch = compress::LayerError::DiffId {
+                name: layer.name.clone(),
+                diff_id: layer.diff_id.clone(),
+                actual: diff_id,
+            };
+            return Err(PushError::Content(mismatch.to_string()));
+        }
+        pusher.progress().add_bytes(size);
+        pusher
+            .push_gzipping(file, layer.span, &digest, size, &layer.name)
+            .await?;
+        (media::OCI_LAYER_GZIP, digest, size)
     } else if compress == Compress::Gzip {
         tracing::info!(layer = %layer.name, "gzip'ing layer after complete");
         let permit = cpu.acquire().await.expect("the semaphore is never closed");

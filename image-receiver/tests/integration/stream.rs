@@ -16,7 +16,10 @@
 //! - such a layer whose bytes do not match the config's diff_id: `failed` naming it, no tag;
 //! - a chunk sent again with other bytes inside a layer already streaming: nothing changes
 //!   (the overlap rule), the image is the one of the bytes received first;
-//! - a whole-archive gzip is not followed: the after-complete pass pushes it, as before;
+//! - a whole archive compressed with gzip, xz or zstd, in order: the follower indexes it
+//!   through its decoder while it arrives and pushes its blobs from that one decode (as they
+//!   are, or gzip'ed); nothing is decoded again after `complete`; last chunk first, the pass
+//!   does it all after `complete`, as before;
 //! - a SHA-256 mismatch after streaming: the upload is reopened, no tag and no manifest, only
 //!   unreferenced blobs;
 //! - a receiver killed with SIGKILL while a blob streams: the restarted one follows the prefix
@@ -605,8 +608,121 @@ fn a_chunk_rewritten_inside_a_streamed_layer_changes_nothing() {
     }
 }
 
+/// `data` compressed whole with `tool` (`gzip`, `xz` or `zstd`).
+fn compressed(tool: &str, data: &[u8]) -> Vec<u8> {
+    let mut child = std::process::Command::new(tool)
+        .args(["-c", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{tool}: {out:?}");
+    out.stdout
+}
+
+/// A whole archive compressed with `tool`, sent in order: the follower indexes it through its
+/// decoder while it arrives and pushes its blobs from that one decode, so its large blobs are
+/// in the registry before the upload ends (no tag, no manifest), and after `complete` nothing
+/// is decoded again; the image is the one the plain archive pushes.
+fn a_whole_compressed_archive_in_order_is_pushed_while_it_arrives(
+    tool: &str,
+    format: &str,
+    mode: &str,
+) {
+    if !tools() || !have_tool(tool) {
+        return;
+    }
+    let image = TestImage::random("1", &[4 << 20, 4 << 20, 100_000]);
+    let work = tempfile::tempdir().unwrap();
+    let plain = match format {
+        "oci" => oci_archive(&image, work.path()),
+        _ => classic_archive(&image),
+    };
+    let data = compressed(tool, &plain);
+    let reg = Registry::start();
+    let repo = format!("runr-uploads/platform/{tool}-{format}-{mode}");
+    let env = [("RUNR_UPLOAD_COMPRESS", mode)];
+    let r = receiver(work.path(), &reg, &repo, &data, &env);
+    // All but the last byte (of the compressed stream's trailer): every entry can be decoded,
+    // and the blobs ordered by digest (skopeo's layout) may end just before the index.
+    let tail = data.len() - 1;
+    put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let mut large = large(&image);
+    if tool == "zstd" {
+        // Its decoder hands out what is decoded only beyond the frame's window (2 MiB for
+        // `zstd -c` of a stream): the last large layer comes out with the end of the frame.
+        large.truncate(1);
+    }
+    // Named by their digests as they are (OCI, or classic with `none`), else by what gzip'ing
+    // them made (the follower's log).
+    let named = format == "oci" || mode == "none";
+    let s = r.wait_status("the follower to push the large blobs", |_| {
+        if named {
+            large.iter().all(|d| has_blob(&reg, &repo, d))
+        } else {
+            let layers = layers_pushed_while_arriving(&r.log());
+            layers.len() >= large.len() && layers.iter().all(|(_, d)| has_blob(&reg, &repo, d))
+        }
+    });
+    assert_eq!(s["status"], "receiving", "{s}");
+    assert!(!has_manifest(&reg, &repo, "1"), "a tag before complete");
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let log = r.log();
+    assert!(log.contains("indexed while it arrived"), "{log}");
+    assert!(
+        log.contains("compressed archive read through its decoder decoders=1"),
+        "{log}"
+    );
+    assert!(!log.contains("gzip'ing layer after complete"), "{log}");
+    let push = &s["push"];
+    assert_eq!(push["blobs"], image.blobs().len() as u64, "{s}");
+    assert_eq!(push["blobs_pushed"], push["blobs"], "{s}");
+    assert_eq!(push["bytes_pushed"], push["bytes"], "{s}");
+    match mode {
+        "gzip" => pulled_gzipped(&reg, &repo, &image),
+        _ => pulled_whole(&reg, &repo, &image),
+    }
+    let today = pushed_after_complete(
+        work.path(),
+        &reg,
+        &format!("runr-uploads/platform/{tool}-{format}-{mode}-plain"),
+        &plain,
+        &env,
+    );
+    assert_eq!(
+        s["image"]["digest"], today["image"]["digest"],
+        "{s}\n{today}"
+    );
+}
+
 #[test]
-fn a_whole_gzip_archive_is_pushed_after_complete() {
+fn a_whole_gzip_oci_archive_in_order_is_pushed_while_it_arrives() {
+    a_whole_compressed_archive_in_order_is_pushed_while_it_arrives("gzip", "oci", "none");
+}
+
+#[test]
+fn a_whole_xz_classic_archive_in_order_is_gzipped_and_pushed_while_it_arrives() {
+    a_whole_compressed_archive_in_order_is_pushed_while_it_arrives("xz", "docker", "gzip");
+}
+
+#[test]
+fn a_whole_zstd_classic_archive_in_order_is_pushed_while_it_arrives() {
+    a_whole_compressed_archive_in_order_is_pushed_while_it_arrives("zstd", "docker", "none");
+}
+
+/// Sent last chunk first, a whole compressed archive is not followed (the whole file is there
+/// before its first bytes are): the pass indexes and pushes it after `complete`, as before.
+#[test]
+fn a_whole_gzip_archive_sent_last_chunk_first_is_pushed_after_complete() {
     if !tools() {
         return;
     }
@@ -622,15 +738,16 @@ fn a_whole_gzip_archive_is_pushed_after_complete() {
         &data,
         &[("RUNR_UPLOAD_COMPRESS", "none")],
     );
-    put_range(&r, &data, 0..chunk_count(&data));
+    put_range(&r, &data, (0..chunk_count(&data)).rev());
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let log = r.log();
     assert!(
-        !r.log().contains("blob pushed while the upload arrives"),
-        "{}",
-        r.log()
+        !log.contains("blob pushed while the upload arrives"),
+        "{log}"
     );
+    assert!(!log.contains("indexed while it arrived"), "{log}");
     pulled_whole(&reg, repo, &image);
 }
 
@@ -667,6 +784,78 @@ fn a_mismatch_after_streaming_leaves_no_tag_and_no_manifest() {
     for d in large(&image) {
         assert!(has_blob(&reg, repo, &d), "{d}");
     }
+}
+
+/// The same for a whole `.tar.gz`, whose blobs the follower pushed from its decoder before the
+/// upload ended: the reopened upload leaves no tag and no manifest, only unreferenced blobs.
+#[test]
+fn a_mismatch_after_streaming_a_gzip_archive_leaves_no_tag_and_no_manifest() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = gzip(&oci_archive(&image, work.path()));
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/mismatch-gz";
+    let wrong = sha256_hex(b"another file");
+    let r = receiver(
+        work.path(),
+        &reg,
+        repo,
+        &data,
+        &[("RUNR_UPLOAD_SHA256", wrong.as_str())],
+    );
+    let tail = data.len() - 1;
+    put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+    let large = large(&image);
+    r.wait_status("the follower to push the large blobs", |_| {
+        large.iter().all(|d| has_blob(&reg, repo, d))
+    });
+    let (code, body) = r.put(tail as u64, &data[tail..]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the upload to be reopened", |s| {
+        s["status"] == "ready" && s["message"].is_string()
+    });
+    assert!(s["message"].as_str().unwrap().contains(&wrong), "{s}");
+    assert!(!has_manifest(&reg, repo, "1"), "a tag after a mismatch");
+    assert!(
+        !has_manifest(&reg, repo, &image.manifest.digest),
+        "the manifest after a mismatch"
+    );
+    for d in large {
+        assert!(has_blob(&reg, repo, &d), "{d}");
+    }
+}
+
+/// A receiver killed with SIGKILL while the follower pushes the blobs of a whole `.tar.xz`
+/// from its decoder: the restarted one decodes it again from byte 0 (what the registry has
+/// costs a HEAD) and the image is whole.
+#[test]
+fn a_receiver_killed_while_a_compressed_archive_streams_follows_again_from_byte_0() {
+    if !tools() || !have_tool("xz") {
+        return;
+    }
+    let image = image();
+    let work = tempfile::tempdir().unwrap();
+    let data = compressed("xz", &oci_archive(&image, work.path()));
+    let reg = Registry::start();
+    let repo = "runr-uploads/platform/killed-xz";
+    let mut r = receiver(work.path(), &reg, repo, &data, &[]);
+    let upto = chunk_count(&data) / 2;
+    put_range(&r, &data, 0..upto);
+    r.wait_status("a blob to stream", |s| {
+        s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+    });
+    r.kill9();
+    r.restart();
+    put_range(&r, &data, upto..chunk_count(&data));
+    assert_eq!(r.complete().0, 202);
+    let s = finished(&r);
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    assert_eq!(s["push"]["blobs_pushed"], s["push"]["blobs"], "{s}");
+    pulled_whole(&reg, repo, &image);
 }
 
 #[test]

@@ -94,7 +94,7 @@ impl Pusher {
 
     /// One attempt: a new session, the body in one `PATCH`, the commit under the digest its
     /// producer worked out.
-    async fn chunked_upload(
+    pub(super) async fn chunked_upload(
         &self,
         what: &str,
         (body, outcome): (reqwest::Body, Outcome),

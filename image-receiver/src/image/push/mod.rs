@@ -50,6 +50,9 @@ use crate::prefix::Prefix;
 use crate::progress::Progress;
 
 mod chunked;
+mod teed;
+
+pub use teed::{Fed, Feed};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
