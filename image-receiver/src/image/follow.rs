@@ -331,6 +331,9 @@ enum JobKind {
     Named,
     /// A classic layer whole in the file and hashed (`none`): pushed under that digest.
     Hashed(String),
+    /// A classic layer whose diff_id the documents before it name (`none`): pushed as the
+    /// prefix grows under that digest, after a HEAD, checked before the commit.
+    Expected(String),
     /// A classic layer, uncompressed: pushed as the prefix grows, gzip'ed with `gzip`.
     Arriving,
     /// A blob of a whole compressed archive, fed by the walk from its decoder: the sender gets
@@ -453,6 +456,19 @@ async fn follow_generation(
                     )
                     .await
                     .map(|_| ()),
+                JobKind::Expected(diff_id) => p
+                    .push_following(
+                        &Source::File(file),
+                        job.span,
+                        &diff_id,
+                        "layer",
+                        (prefix, generation),
+                    )
+                    .await
+                    .map(|_| {
+                        let made = (diff_id.clone(), diff_id.clone(), job.span.len);
+                        streamed.record(generation, &job.digest, made);
+                    }),
                 // Hashed by the walker from bytes that never change: no second hash.
                 JobKind::Hashed(digest) => p
                     .push_own_file(&Source::File(file), job.span, &digest, "layer")
@@ -524,6 +540,7 @@ fn walk_tar(
         return Err("not a plain tar: not followed".into());
     }
     let reader = FollowReader::new(file.clone(), prefix.clone(), generation, size);
+    let mut documents = Documents::default();
     let mut tar = tar::Archive::new(reader);
     for entry in tar.entries_with_seek().map_err(|e| e.to_string())? {
         let entry = entry.map_err(|e| e.to_string())?;
@@ -540,7 +557,16 @@ fn walk_tar(
             offset: entry.raw_file_position(),
             len: entry.size(),
         };
-        if span.len < STREAM_MIN || span.offset.saturating_add(span.len) > size {
+        if span.offset.saturating_add(span.len) > size {
+            continue;
+        }
+        let raw = entry.path_bytes();
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        let name = name.trim_start_matches("./");
+        if span.len < STREAM_MIN {
+            if name.ends_with(".json") && !name.contains('/') {
+                documents.keep(file, prefix, generation, name, span)?;
+            }
             continue;
         }
         if prefix.current().1 >= size {
@@ -548,9 +574,6 @@ fn walk_tar(
             // faster than it walks): `complete` is next, and the pass does the rest at once.
             return Err("the whole file is there: the pass after complete pushes the rest".into());
         }
-        let raw = entry.path_bytes();
-        let name = String::from_utf8_lossy(&raw);
-        let name = name.trim_start_matches("./");
         let job = if let Some(hex) = name.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
             Job {
                 digest: format!("sha256:{hex}"),
@@ -569,8 +592,12 @@ fn walk_tar(
                 // Compressed already: the pass checks it against its diff_id first.
                 continue;
             }
-            let kind = if compress == Compress::None && prefix.current().1 >= span.offset + span.len
-            {
+            let kind = if compress == Compress::Gzip {
+                JobKind::Arriving
+            } else if let Some(diff_id) = documents.diff_id(name) {
+                // The config came first and names it: pushed under that digest, after a HEAD.
+                JobKind::Expected(diff_id)
+            } else if prefix.current().1 >= span.offset + span.len {
                 // Here already (a restarted receiver): its digest first, so that a layer the
                 // registry has costs a HEAD.
                 let mut reader = SpanReader::hashing(file.clone(), span);
@@ -593,6 +620,59 @@ fn walk_tar(
         }
     }
     Ok(())
+}
+
+/// The small JSON documents of a classic archive the walk passed (`manifest.json`, the
+/// configs), so that a layer that comes after them is known by its diff_id from its first byte
+/// (`docker save` of Docker ≤ 24 writes `manifest.json` last, other tools first).
+#[derive(Default)]
+struct Documents {
+    held: HashMap<String, Vec<u8>>,
+    bytes: u64,
+}
+
+/// Documents held by the walk, at most: those of one image.
+const MAX_DOCUMENTS: u64 = 16 << 20;
+
+impl Documents {
+    /// Holds the document `name` at `span` once the prefix holds it (it is small).
+    fn keep(
+        &mut self,
+        file: &File,
+        prefix: &Prefix,
+        generation: u64,
+        name: &str,
+        span: Span,
+    ) -> Result<(), String> {
+        if self.bytes + span.len > MAX_DOCUMENTS {
+            return Ok(());
+        }
+        prefix
+            .wait(generation, span.offset + span.len)
+            .map_err(|e| e.to_string())?;
+        let mut doc = vec![0u8; span.len as usize];
+        file.read_exact_at(&mut doc, span.offset)
+            .map_err(|e| e.to_string())?;
+        self.bytes += span.len;
+        self.held.insert(name.to_string(), doc);
+        Ok(())
+    }
+
+    /// The diff_id the config of the image listing `layer` in `manifest.json` gives it.
+    fn diff_id(&self, layer: &str) -> Option<String> {
+        let manifest: serde_json::Value =
+            serde_json::from_slice(self.held.get("manifest.json")?).ok()?;
+        manifest.as_array()?.iter().find_map(|image| {
+            let at = image["Layers"]
+                .as_array()?
+                .iter()
+                .position(|l| l.as_str().map(|l| l.trim_start_matches("./")) == Some(layer))?;
+            let config = image["Config"].as_str()?.trim_start_matches("./");
+            let config: serde_json::Value = serde_json::from_slice(self.held.get(config)?).ok()?;
+            let diff_id = config["rootfs"]["diff_ids"].get(at)?.as_str()?;
+            runr_registry::is_sha256(diff_id).then(|| diff_id.to_string())
+        })
+    }
 }
 
 /// Walks a whole compressed archive behind the prefix: the index pass of the pass after

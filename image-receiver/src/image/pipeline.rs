@@ -282,6 +282,14 @@ async fn push_oci(
                     if c.pushed().await {
                         return Ok(false);
                     }
+                    // Checked as a blob read from the file is, in the same words.
+                    let actual = sha256_digest(&doc);
+                    if actual != b.digest {
+                        return Err(PushError::Content(format!(
+                            "{} {} in the file does not match its digest (its content hashes to {actual}): the file is damaged",
+                            b.what, b.digest
+                        )));
+                    }
                     let doc = Bytes::from(doc.to_vec());
                     pusher
                         .push_bytes(doc, &b.digest, b.what)

@@ -105,6 +105,34 @@ pub(crate) fn classic_archive(image: &TestImage) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// The same archive with `manifest.json` and the config first (as `bench/receiver.sh` writes
+/// it, and tools that write the documents before the layers).
+fn classic_archive_documents_first(image: &TestImage) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let layers: Vec<String> = (0..image.layers.len())
+        .map(|i| format!("{i:064x}/layer.tar"))
+        .collect();
+    let config = format!(
+        "{}.json",
+        image.config.digest.strip_prefix("sha256:").unwrap()
+    );
+    let manifest =
+        serde_json::json!([{"Config": config, "RepoTags": ["stream/app:1"], "Layers": layers}]);
+    add("manifest.json", manifest.to_string().as_bytes());
+    add(&config, &image.config.data);
+    for (name, l) in layers.iter().zip(&image.layers) {
+        add(name, &l.data);
+    }
+    b.into_inner().unwrap()
+}
+
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).unwrap();
@@ -491,8 +519,12 @@ fn a_layer_pushed_as_it_is_as_it_arrived_that_fails_its_diff_id_leaves_no_tag() 
 /// The first large layer of the classic archive `data`: where its bytes start and end.
 fn first_layer(data: &[u8]) -> (usize, usize) {
     let mut tar = tar::Archive::new(data);
-    let e = tar.entries().unwrap().next().unwrap().unwrap();
-    assert!(e.size() >= 1 << 20);
+    let e = tar
+        .entries()
+        .unwrap()
+        .map(Result::unwrap)
+        .find(|e| e.size() >= 1 << 20)
+        .expect("a large layer");
     let at = e.raw_file_position() as usize;
     (at, at + e.size() as usize)
 }
@@ -562,6 +594,67 @@ fn a_classic_layer_with_none_streams_from_its_first_byte() {
         s["image"]["digest"], today["image"]["digest"],
         "{s}\n{today}"
     );
+}
+
+/// With `none`, a classic archive whose `manifest.json` and config come before the layers: each
+/// layer is known by its diff_id from its first byte, so it streams in one `PUT` under it after
+/// a `HEAD`; the same file uploaded again (into the same repository) sends no layer again: each
+/// costs a `HEAD`, before `complete`.
+#[test]
+fn a_classic_archive_with_its_documents_first_is_pushed_by_diff_id_and_not_sent_twice() {
+    if !tools() {
+        return;
+    }
+    let image = image();
+    let data = classic_archive_documents_first(&image);
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let none = [("RUNR_UPLOAD_COMPRESS", "none")];
+    let large = large(&image);
+    let repo = "runr-uploads/platform/docs-first";
+    for round in 0..2 {
+        let dir = work.path().join(format!("round-{round}"));
+        std::fs::create_dir(&dir).unwrap();
+        let r = receiver(&dir, &reg, repo, &data, &none);
+        if round == 0 {
+            // Half of the first layer: it streams under its diff_id, not committed yet.
+            let (start, end) = first_layer(&data);
+            let upto = (start + end) / 2 / CHUNK;
+            put_range(&r, &data, 0..upto);
+            r.wait_status("the first layer to stream", |s| {
+                s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+            });
+            assert!(!has_blob(&reg, repo, &image.layers[0].digest));
+            let tail = after_large_blobs(&data);
+            put_range(&r, &data[..tail], upto..chunk_count(&data[..tail]));
+        } else {
+            let tail = after_large_blobs(&data);
+            put_range(&r, &data[..tail], 0..chunk_count(&data[..tail]));
+        }
+        let s = r.wait_status("the follower to push the large layers", |s| {
+            s["push"]["blobs_pushed"].as_u64().unwrap_or(0) >= large.len() as u64
+        });
+        assert_eq!(s["status"], "receiving", "{s}");
+        let log = r.log();
+        for d in &large {
+            assert!(
+                has_blob(&reg, repo, d),
+                "{d} is not in the registry before complete"
+            );
+            let there = log
+                .lines()
+                .any(|l| l.contains("blob already in the registry") && l.contains(d.as_str()));
+            assert_eq!(there, round == 1, "{d}: {log}");
+        }
+        assert!(layers_pushed_while_arriving(&log).is_empty(), "{log}");
+        let tail = after_large_blobs(&data);
+        put_range(&r, &data, tail / CHUNK..chunk_count(&data));
+        assert_eq!(r.complete().0, 202);
+        let s = finished(&r);
+        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        assert_eq!(s["push"]["bytes_pushed"], s["push"]["bytes"], "{s}");
+        pulled_whole(&reg, repo, &image);
+    }
 }
 
 /// The overlap rule while a layer streams: a chunk sent again with other bytes over the part
