@@ -20,11 +20,20 @@ use crate::retry::is_transient_status;
 /// an answer of a token service.
 const ANSWER_LIMIT: usize = 64 * 1024;
 
+/// How long a token lives when its answer does not say (the token specification's default).
+pub const DEFAULT_EXPIRES_IN: Duration = Duration::from_secs(60);
+
 /// What requests to the registry carry once the flow is done.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Grant {
     /// A Bearer token issued by the token service the registry's challenge named.
-    Bearer(String),
+    Bearer {
+        /// The token.
+        token: String,
+        /// How long it lives from its issue (`expires_in`, else [`DEFAULT_EXPIRES_IN`]): a
+        /// caller whose requests outlast it asks again before then.
+        expires_in: Duration,
+    },
     /// The registry challenges for Basic credentials, which [`RegistryConfig`] has.
     Basic,
     /// Nothing: the registry asks for no credentials, or challenges for Basic ones and none are
@@ -36,7 +45,9 @@ impl std::fmt::Debug for Grant {
     // A token is a credential: it never reaches a log line.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Grant::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+            Grant::Bearer { expires_in, .. } => {
+                write!(f, "Bearer(<redacted>, expires in {expires_in:?})")
+            }
             Grant::Basic => f.write_str("Basic"),
             Grant::Anonymous => f.write_str("Anonymous"),
         }
@@ -162,7 +173,10 @@ pub async fn exchange(
     let auth = cfg.auth();
     match status {
         200 => match token_of(&body) {
-            Some(token) => Ok(Grant::Bearer(token)),
+            Some(token) => Ok(Grant::Bearer {
+                token,
+                expires_in: expires_in_of(&body).unwrap_or(DEFAULT_EXPIRES_IN),
+            }),
             None => Err(TokenError::Failed {
                 what,
                 message: "its answer holds no token (neither \"token\" nor \"access_token\")"
@@ -250,6 +264,13 @@ fn token_of(body: &[u8]) -> Option<String> {
     })
 }
 
+/// `expires_in` of a token answer, in seconds; `None` when absent or not a positive number.
+fn expires_in_of(body: &[u8]) -> Option<Duration> {
+    let answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let secs = answer["expires_in"].as_u64().filter(|s| *s > 0)?;
+    Some(Duration::from_secs(secs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,10 +319,22 @@ mod tests {
         );
         assert_eq!(token_of(br#"{"token":7}"#), None);
         assert_eq!(token_of(b"not json"), None);
+        let grant = Grant::Bearer {
+            token: "s3cret".into(),
+            expires_in: DEFAULT_EXPIRES_IN,
+        };
+        assert_eq!(format!("{grant:?}"), "Bearer(<redacted>, expires in 60s)");
         assert_eq!(
-            format!("{:?}", Grant::Bearer("s3cret".into())),
-            "Bearer(<redacted>)"
+            expires_in_of(br#"{"token":"a","expires_in":900}"#),
+            Some(Duration::from_secs(900))
         );
+        for no in [
+            &br#"{"token":"a"}"#[..],
+            br#"{"expires_in":0}"#,
+            br#"{"expires_in":"9"}"#,
+        ] {
+            assert_eq!(expires_in_of(no), None);
+        }
     }
 
     /// Against the real `auth: token` registry: one token request per exchange, a refusal told
@@ -335,7 +368,11 @@ mod tests {
         };
 
         let grant = run(&cfg(Some(("runr", "s3cret pass:word")))).unwrap();
-        assert!(matches!(grant, Grant::Bearer(_)), "{grant:?}");
+        // The testkit's token service answers distribution's 15 minutes.
+        assert!(
+            matches!(grant, Grant::Bearer { expires_in, .. } if expires_in == runr_testkit::token::DEFAULT_TTL),
+            "{grant:?}"
+        );
         assert_eq!(reg.token_requests(), 1);
         let log = reg.tokens().log();
         assert_eq!(log[0].scopes, ["repository:lib/app:pull,push"], "{log:?}");
@@ -366,7 +403,7 @@ mod tests {
         reg.restart_token_service();
         assert!(matches!(
             run(&cfg(Some(("runr", "s3cret pass:word")))),
-            Ok(Grant::Bearer(_))
+            Ok(Grant::Bearer { .. })
         ));
 
         // Basic auth at the registry itself, and no auth at all.

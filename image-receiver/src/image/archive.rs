@@ -10,7 +10,8 @@
 //! A whole compressed archive is indexed the same way in one pass through its decoder
 //! ([`Archive::index_packed`]), holding only what the formats read (the small JSON documents,
 //! each file's first bytes): its spans are offsets into the decompressed stream, read later
-//! through the decoder again, in order.
+//! through the decoder again, in order. The follower runs that pass while the archive arrives,
+//! its [`Tee`] pushing the blobs from the one decode.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -122,6 +123,68 @@ const MAX_HELD: u64 = 16 << 20;
 /// First bytes kept of each file (what the formats look at: compression magic).
 const HEAD: usize = 16;
 
+/// What the index pass of a compressed archive does with a file entry's bytes, told to its
+/// [`Tee`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// A JSON document, held in memory: the formats read it from there.
+    Held,
+    /// An uncompressed classic layer, gzip'ed to learn what it makes: the sink gets the gzip
+    /// members.
+    Gzipping,
+    /// Anything else: the sink gets its bytes as they are.
+    Raw,
+}
+
+/// Where the follower sends the entries of a compressed archive it indexes while it arrives:
+/// the index pass hands their bytes (or their gzip members) on as it reads them, so the blobs
+/// are pushed from the one decode.
+pub trait Tee {
+    /// At the header of the file entry `name` at `span` of the decompressed stream, whose first
+    /// bytes are `head`: where what `reading` makes of it goes, if anywhere.
+    fn entry(
+        &mut self,
+        name: &str,
+        span: Span,
+        head: &[u8],
+        reading: Reading,
+    ) -> Option<Box<dyn Sink>>;
+}
+
+/// No tee: the index pass after `complete`.
+pub struct NoTee;
+
+impl Tee for NoTee {
+    fn entry(&mut self, _: &str, _: Span, _: &[u8], _: Reading) -> Option<Box<dyn Sink>> {
+        None
+    }
+}
+
+/// One entry's bytes (or gzip members), in order. Dropped without [`Sink::end`] when the
+/// entry could not be read to its end.
+pub trait Sink {
+    /// The next piece; false once the sink takes no more (its push ended).
+    fn piece(&mut self, piece: &[u8]) -> bool;
+    /// Every piece was handed over; `made` is what gzip'ing the entry made ([`Reading::Gzipping`]).
+    fn end(self: Box<Self>, made: Option<&compress::Made>);
+}
+
+/// A reader that hands what it reads to a sink, until the sink takes no more.
+struct Teeing<'a, R> {
+    inner: R,
+    sink: Option<&'a mut (dyn Sink + 'static)>,
+}
+
+impl<R: io::Read> io::Read for Teeing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 && self.sink.as_mut().is_some_and(|s| !s.piece(&buf[..n])) {
+            self.sink = None;
+        }
+        Ok(n)
+    }
+}
+
 /// The index of one tar archive, with the file kept open for positioned reads.
 #[derive(Debug, Clone)]
 pub struct Archive {
@@ -224,6 +287,7 @@ impl Archive {
         packed: Arc<Packed>,
         first: Vec<u8>,
         gzip_layers: bool,
+        tee: &mut dyn Tee,
     ) -> Result<Archive, Result<DecompressError, ArchiveError>> {
         let mut entries = HashMap::new();
         let mut held = Held::default();
@@ -252,33 +316,79 @@ impl Archive {
                         head.iter().find(|b| !b.is_ascii_whitespace()),
                         Some(b'{' | b'[')
                     );
-                    if json && span.len <= MAX_HELD_DOCUMENT && held_bytes + span.len <= MAX_HELD {
-                        let mut doc = head.clone();
-                        entry.read_to_end(&mut doc).map_err(read_err)?;
-                        held_bytes += span.len;
-                        held.documents.insert(span.offset, Arc::new(doc));
-                    } else if head.starts_with(&[0x1f, 0x8b]) && !name.starts_with("blobs/") {
-                        let rest = io::Cursor::new(head.clone()).chain(&mut entry);
-                        // A stream that is not gzip after all is told when it is pushed.
-                        if let Ok(digests) = compress::gzip_digests_of(rest) {
-                            held.gzip.insert(span.offset, digests);
-                        }
-                    } else if gzip_layers
+                    let document =
+                        json && span.len <= MAX_HELD_DOCUMENT && held_bytes + span.len <= MAX_HELD;
+                    let gzipped =
+                        !document && head.starts_with(&[0x1f, 0x8b]) && !name.starts_with("blobs/");
+                    let gzipping = !document
+                        && !gzipped
+                        && gzip_layers
                         && name.ends_with(".tar")
                         && !name.starts_with("blobs/")
-                        && compress::recognise(&head).is_none()
+                        && compress::recognise(&head).is_none();
+                    let reading = if document {
+                        Reading::Held
+                    } else if gzipping {
+                        Reading::Gzipping
+                    } else {
+                        Reading::Raw
+                    };
+                    let mut sink = tee.entry(&name, span, &head, reading);
+                    if reading != Reading::Gzipping
+                        && sink.as_mut().is_some_and(|s| !s.piece(&head))
                     {
-                        let rest = io::Cursor::new(head.clone()).chain(&mut entry);
-                        match compress::gzip_layer_digests(rest, span.len, &name) {
-                            Ok(made) => {
-                                held.made.insert(span.offset, made);
+                        sink = None;
+                    }
+                    let mut made = None;
+                    {
+                        // Every byte of the entry read from here on goes to the sink as it
+                        // is, except for a layer gzip'ed, whose members go instead.
+                        let (raw_sink, mut members) = match reading {
+                            Reading::Gzipping => (None, sink.as_deref_mut()),
+                            _ => (sink.as_deref_mut(), None),
+                        };
+                        let mut entry = Teeing {
+                            inner: &mut entry,
+                            sink: raw_sink,
+                        };
+                        if document {
+                            let mut doc = head.clone();
+                            entry.read_to_end(&mut doc).map_err(read_err)?;
+                            held_bytes += span.len;
+                            held.documents.insert(span.offset, Arc::new(doc));
+                        } else if gzipped {
+                            let rest = io::Cursor::new(head.clone()).chain(&mut entry);
+                            // A stream that is not gzip after all is told when it is pushed.
+                            if let Ok(digests) = compress::gzip_digests_of(rest) {
+                                held.gzip.insert(span.offset, digests);
                             }
-                            // The decoder's failure is reported as such below.
-                            Err(compress::LayerError::Io { source, .. }) => {
-                                return Err(ArchiveError::ReadEntry { name, source })
+                        } else if gzipping {
+                            let rest = io::Cursor::new(head.clone()).chain(&mut entry);
+                            let got =
+                                compress::gzip_layer_digests(rest, span.len, &name, |member| {
+                                    if members.as_mut().is_some_and(|s| !s.piece(member)) {
+                                        members = None;
+                                    }
+                                });
+                            match got {
+                                Ok(m) => {
+                                    made = Some(m.clone());
+                                    held.made.insert(span.offset, m);
+                                }
+                                // The decoder's failure is reported as such below.
+                                Err(compress::LayerError::Io { source, .. }) => {
+                                    return Err(ArchiveError::ReadEntry { name, source })
+                                }
+                                Err(e) => unreachable!("no digest is checked here: {e}"),
                             }
-                            Err(e) => unreachable!("no digest is checked here: {e}"),
                         }
+                        if entry.sink.is_some() {
+                            // The rest of what the sink takes (the tar reader would skip it).
+                            io::copy(&mut entry, &mut io::sink()).map_err(read_err)?;
+                        }
+                    }
+                    if let Some(sink) = sink {
+                        sink.end(made.as_ref());
                     }
                     // What the formats look at: a classic layer's magic (an OCI blob's type is
                     // in its descriptor). Not every entry's: there may be a million.
@@ -344,6 +454,16 @@ impl Archive {
     /// them.
     pub fn gzip_digests(&self, span: Span) -> Option<(String, String)> {
         self.held.gzip.get(&span.offset).cloned()
+    }
+
+    /// The JSON document at `span` when the index pass held it (a config pushed from memory,
+    /// not read through the decoder again).
+    pub fn held_document(&self, span: Span) -> Option<Arc<Vec<u8>>> {
+        self.held
+            .documents
+            .get(&span.offset)
+            .filter(|d| d.len() as u64 == span.len)
+            .cloned()
     }
 
     /// True when the archive holds an entry called `name` (of any type).

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use runr_registry::Sha256Hasher;
 
 use crate::image::span::{Source, Span, SpanReader};
+use crate::prefix::{FollowReader, Prefix};
 
 /// Bytes gzip'ed as one member; two are compressed at once. Small enough to keep memory low,
 /// large enough that a member's framing and lost context do not matter.
@@ -117,17 +118,19 @@ pub type Made = (String, String, u64);
 
 /// What [`gzip_blocks`] makes of a layer, without keeping it: `(diff_id, digest, size)` of the
 /// gzip'ed blob (the same bytes every time: a second run streams them into the registry under
-/// this digest).
+/// this digest). Each member is handed to `member` as well (the follower pushes them).
 pub fn gzip_layer_digests(
     reader: impl Read,
     len: u64,
     name: &str,
+    mut member: impl FnMut(&[u8]),
 ) -> Result<(String, String, u64), LayerError> {
     let mut packed = Sha256Hasher::new();
     let mut size = 0u64;
-    let raw = gzip_blocks(reader, len, name, |member| {
-        packed.update(member);
-        size += member.len() as u64;
+    let raw = gzip_blocks(reader, len, name, |m| {
+        packed.update(m);
+        size += m.len() as u64;
+        member(m);
         Ok(())
     })?;
     Ok((raw, packed.finish(), size))
@@ -352,6 +355,9 @@ pub struct Packed {
     failure: std::sync::Mutex<Option<String>>,
     /// Decoders started (the first included): 2 for an archive indexed then pushed in order.
     opened: AtomicU64,
+    /// The upload's prefix and generation when the file is still arriving: the decoder reads
+    /// behind the prefix, waiting for it to grow (the follower).
+    follow: Option<(Arc<Prefix>, u64)>,
 }
 
 struct Cursor {
@@ -393,6 +399,23 @@ impl Packed {
             cursor: std::sync::Mutex::new(None),
             failure: std::sync::Mutex::new(None),
             opened: AtomicU64::new(0),
+            follow: None,
+        })
+    }
+
+    /// [`Packed::new`] for a file still arriving: its decoders read behind the prefix of
+    /// `generation`, waiting for it to grow (a wait that ends, the upload reopened, fails the
+    /// read).
+    pub fn following(
+        file: Arc<File>,
+        len: u64,
+        kind: Compression,
+        limit: u64,
+        (prefix, generation): (Arc<Prefix>, u64),
+    ) -> Result<Packed, DecompressError> {
+        Ok(Packed {
+            follow: Some((prefix, generation)),
+            ..Packed::new(file, len, kind, limit)?
         })
     }
 
@@ -416,10 +439,16 @@ impl Packed {
 
     fn open(&self) -> Box<dyn Read + Send> {
         self.opened.fetch_add(1, Ordering::Relaxed);
-        let source = io::BufReader::with_capacity(
-            IO_BLOCK,
-            SpanReader::new(self.file.clone(), Span::whole(self.len)),
-        );
+        let file: Box<dyn Read + Send> = match &self.follow {
+            Some((prefix, generation)) => Box::new(FollowReader::new(
+                self.file.clone(),
+                prefix.clone(),
+                *generation,
+                self.len,
+            )),
+            None => Box::new(SpanReader::new(self.file.clone(), Span::whole(self.len))),
+        };
+        let source = io::BufReader::with_capacity(IO_BLOCK, file);
         match self.kind {
             Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(source)),
             Compression::Xz => Box::new(XzStreams::new(source)),

@@ -5,33 +5,47 @@
 //! waits for the prefix to grow), detects a plain tar from the first bytes and walks its headers
 //! in order. What it can push before `complete` it hands to the async side, which pushes
 //! [`PUSH_CONCURRENCY`] at a time through the same `Pusher` code as the after-complete pass
-//! (HEAD first, the retry policy, the progress):
+//! (the retry policy, the progress, a HEAD first where the digest is known before the body):
 //! - an OCI blob (`blobs/sha256/<hex>`) of at least [`STREAM_MIN`] bytes: its digest is its name,
 //!   so its push starts at its tar header and each block is sent once the prefix holds it; the
 //!   stream hashes what it sends and fails before the commit when the bytes do not match;
-//! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`] bytes, with
-//!   `RUNR_UPLOAD_COMPRESS=none`: its digest is known only at its end, so it is hashed once the
-//!   prefix holds it whole, then pushed;
-//! - the same layer with `RUNR_UPLOAD_COMPRESS=gzip` (uncompressed in the archive): gzip'ed as
-//!   the prefix grows ([`compress::gzip_blocks`], the pass's own compressor) and sent in a
-//!   chunked upload, whose `PUT ?digest=` at the layer's end names the digest the stream
-//!   worked out. The follower cannot know its diff_id (the config, and `manifest.json`, come
-//!   after the layers): it records what the layer made ([`Streamed::made`], under
-//!   [`gzip_key`]), and the pass checks that diff_id against the config before any manifest
-//!   names the blob.
+//! - a classic layer (`<id>/layer.tar`, or skopeo's `<hex>.tar`) of at least [`STREAM_MIN`]
+//!   bytes, uncompressed in the archive: its digest is known only at its end, so it goes in a
+//!   chunked upload whose one `PATCH` follows the prefix from the layer's tar header on, as it
+//!   is with `RUNR_UPLOAD_COMPRESS=none` or gzip'ed as it arrives with `gzip`
+//!   ([`compress::gzip_blocks`], the pass's own compressor), and whose `PUT ?digest=` at the
+//!   layer's end names the digest the stream worked out (see `push::chunked`). With `none`, a
+//!   layer the prefix already holds whole when the walk reaches it (a restarted receiver) is
+//!   hashed first and pushed under that digest, after a `HEAD`. The follower cannot know a
+//!   layer's diff_id (the config, and `manifest.json`, come after the layers in Docker's
+//!   order): it records what the layer made ([`Streamed::made`], under [`layer_key`]), and the
+//!   pass checks that diff_id against the config before any manifest names the blob. Layers
+//!   are gzip'ed one at a time (each compression takes both cores); one whose turn comes after
+//!   `complete` began is still the follower's, which streams it with no copy on disk.
 //!
-//! Everything else is left to the after-complete pass: small blobs (configs, manifests, small
-//! layers: one request each), a whole archive compressed with gzip/xz/zstd, a wasm module,
-//! classic layers that are gzip'ed already (checked against their diff_id first), and every blob whose header the walk reaches only once the whole file
-//! is there (chunks sent out of order, a last chunk first): then `complete` is next, and hashing
-//! or pushing beside the pass would only compete with it. Nothing the follower does is visible: it pushes blobs only, never a manifest
-//! or a tag; those come after `complete` verified the file, and a file that fails verification
-//! leaves only unreferenced blobs, which the registry's garbage collection removes.
+//! A whole archive compressed with gzip, xz or zstd is walked through a decoder that reads
+//! behind the prefix ([`Packed::following`]): the walk is the pass's own index pass
+//! ([`Archive::index_packed`]), whose [`Tee`] hands each blob's bytes (a classic layer's gzip
+//! members, with `gzip`) to a push as they are decoded (`push::teed`: one attempt each, the
+//! decoder moving forward only); documents stay in the index's memory for the pass. The walk
+//! goes on after `complete` to the end of the stream, and the index it made is left for the
+//! pass ([`Streamed::followed_index`]), which then decodes nothing again.
+//!
+//! Everything else is left to the after-complete pass: small blobs of a plain tar (configs,
+//! manifests, small layers: one request each), a wasm module,
+//! classic layers that are gzip'ed already (checked against their diff_id first), and every
+//! blob whose header the walk reaches only once the whole file is there (chunks sent out of
+//! order, a last chunk first): then `complete` is next, and hashing or pushing beside the pass
+//! would only compete with it. Nothing the follower does is visible: it pushes blobs only,
+//! never a manifest or a tag; those come after `complete` verified the file, and a file that
+//! fails verification leaves only unreferenced blobs, which the registry's garbage collection
+//! removes.
 //!
 //! [`Streamed`] is where the follower and the pass meet: each blob is claimed once, by whichever
 //! comes first; the pass waits for a blob the follower is pushing and pushes it itself when the
 //! follower's push failed. A kill -9 loses nothing: the restarted receiver follows the prefix
-//! again from byte 0, and what the registry has costs a HEAD.
+//! again from byte 0; what the registry has costs a HEAD, except a classic layer gzip'ed as it
+//! arrives (its digest is known only at its end), which is sent again.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -39,11 +53,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use tar::EntryType;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
-use crate::image::compress::{self, Compress};
+use crate::image::archive::{Archive, Reading, Sink, Tee};
+use crate::image::compress::{self, Compress, Compression, Packed};
 use crate::image::pipeline::{ProcessOptions, PUSH_CONCURRENCY};
-use crate::image::push::Pusher;
+use crate::image::push::{Fed, Feed, Pusher};
 use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::{FollowReader, Gone, Prefix};
 use crate::progress::Progress;
@@ -92,8 +107,36 @@ struct Claims {
     started: bool,
     follower: HashMap<String, watch::Receiver<Option<bool>>>,
     pass: HashSet<String>,
-    /// What the classic layers the follower gzip'ed made, by [`gzip_key`].
+    /// What the classic layers the follower pushed made, by [`layer_key`].
     made: HashMap<String, compress::Made>,
+    /// The index of a whole compressed archive the follower of this generation walks.
+    index: Option<Arc<IndexSlot>>,
+}
+
+/// Where the follower leaves the index of a whole compressed archive it walked while it
+/// arrived: the pass after `complete` waits for it and takes it instead of decoding the
+/// archive again.
+#[derive(Debug)]
+struct IndexSlot {
+    /// True once the walk ended (with an index or without).
+    ended: watch::Sender<bool>,
+    archive: Mutex<Option<Archive>>,
+}
+
+/// The follower's hold on its [`IndexSlot`]: however the walk ends (a panic included), the
+/// pass stops waiting.
+struct Indexing(Arc<IndexSlot>);
+
+impl Indexing {
+    fn finish(self, archive: Archive) {
+        *self.0.archive.lock().unwrap_or_else(|e| e.into_inner()) = Some(archive);
+    }
+}
+
+impl Drop for Indexing {
+    fn drop(&mut self) {
+        self.0.ended.send_replace(true);
+    }
 }
 
 impl Claims {
@@ -152,9 +195,49 @@ impl Streamed {
     /// The pass of the current generation begins: the follower starts nothing new.
     pub fn begin_pass(&self) -> u64 {
         let (generation, _) = self.prefix.current();
+        // Closed under the claims' lock: a walk of a compressed archive either began before
+        // (and the pass waits for its index) or does not begin.
+        let mut claims = self.lock();
         self.prefix.close(generation);
-        self.lock().sync(generation);
+        claims.sync(generation);
         generation
+    }
+
+    /// The follower of `generation` begins to index a whole compressed archive, unless the
+    /// pass began.
+    fn begin_index(&self, generation: u64) -> Option<Indexing> {
+        let mut claims = self.lock();
+        if !claims.sync(generation) || self.prefix.is_closed(generation) {
+            return None;
+        }
+        let slot = Arc::new(IndexSlot {
+            ended: watch::channel(false).0,
+            archive: Mutex::new(None),
+        });
+        claims.index = Some(slot.clone());
+        Some(Indexing(slot))
+    }
+
+    /// The index of the whole compressed archive the follower of `generation` walked while it
+    /// arrived, once its walk ended (its pushes are claimed: the pass waits for those by their
+    /// claims); `None` when it did not walk one, or could not finish (the pass indexes the
+    /// archive itself then).
+    pub async fn followed_index(&self, generation: u64) -> Option<Archive> {
+        let slot = {
+            let mut claims = self.lock();
+            if !claims.sync(generation) {
+                return None;
+            }
+            claims.index.clone()?
+        };
+        let mut ended = slot.ended.subscribe();
+        let _ = ended.wait_for(|e| *e).await;
+        let archive = slot
+            .archive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        archive
     }
 
     /// The pass starts pushing: the progress starts from zero unless the follower already
@@ -180,7 +263,7 @@ impl Streamed {
         Claim::Mine
     }
 
-    /// What gzip'ing the layer under `key` ([`gzip_key`]) made, when the follower of
+    /// What the classic layer under `key` ([`layer_key`]) made, when the follower of
     /// `generation` pushed it (its claim said so).
     pub fn made(&self, generation: u64, key: &str) -> Option<compress::Made> {
         let mut claims = self.lock();
@@ -198,17 +281,19 @@ impl Streamed {
     }
 
     /// The follower of `generation` takes `digest` of `size` bytes and counts it, unless it is
-    /// taken (or the generation is over); the sender says how its push ended.
+    /// taken (or the generation is over, or `complete` began and it is not `after_complete`);
+    /// the sender says how its push ended.
     fn take(
         &self,
         generation: u64,
         digest: &str,
         size: u64,
         progress: &Progress,
+        after_complete: bool,
     ) -> Option<watch::Sender<Option<bool>>> {
         let mut claims = self.lock();
         if !claims.sync(generation)
-            || self.prefix.is_closed(generation)
+            || (self.prefix.is_closed(generation) && !after_complete)
             || claims.pass.contains(digest)
             || claims.follower.contains_key(digest)
         {
@@ -225,15 +310,15 @@ impl Streamed {
     }
 }
 
-/// The claim of the uncompressed classic layer at `span` when it is gzip'ed: its digest is
-/// known only once it is compressed, its place in the archive from its header on.
-pub fn gzip_key(span: Span) -> String {
-    format!("gzip:{}+{}", span.offset, span.len)
+/// The claim of the uncompressed classic layer at `span`: its digest (as it is or gzip'ed) is
+/// known only at its end, its place in the archive from its header on.
+pub fn layer_key(span: Span) -> String {
+    format!("layer:{}+{}", span.offset, span.len)
 }
 
 /// A blob the walker found.
 struct Job {
-    /// Its digest, or its [`gzip_key`].
+    /// Its digest, or a classic layer's [`layer_key`].
     digest: String,
     span: Span,
     kind: JobKind,
@@ -241,14 +326,19 @@ struct Job {
     name: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum JobKind {
     /// Its digest is its name: pushed as the prefix grows.
     Named,
-    /// Whole in the file and hashed.
-    Hashed,
-    /// Uncompressed, gzip'ed and pushed as the prefix grows.
-    Gzip,
+    /// A classic layer whole in the file and hashed (`none`): pushed under that digest.
+    Hashed(String),
+    /// A classic layer whose diff_id the documents before it name (`none`): pushed as the
+    /// prefix grows under that digest, after a HEAD, checked before the commit.
+    Expected(String),
+    /// A classic layer, uncompressed: pushed as the prefix grows, gzip'ed with `gzip`.
+    Arriving,
+    /// A blob of a whole compressed archive, fed by the walk from its decoder: the sender gets
+    /// the walker's end of its body (none when it is not pushed).
+    Teed(Fed, oneshot::Sender<Option<Feed>>),
 }
 
 /// Follows the upload in `file` (of `size` bytes) for as long as the receiver runs: one walk
@@ -274,11 +364,11 @@ async fn follow_generation(
     let (tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1);
     let walker = {
         let file = file.clone();
-        let prefix = prefix.clone();
+        let streamed = opts.streamed.clone();
         let compress = opts.compress;
         std::thread::Builder::new()
             .name("follower".into())
-            .spawn(move || walk(&file, &prefix, generation, size, compress, &tx))
+            .spawn(move || walk(&file, &streamed, generation, size, compress, &tx))
     };
     // Not joined: it ends at its next wait or send once this side is gone.
     if let Err(e) = walker {
@@ -289,16 +379,20 @@ async fn follow_generation(
     let mut pushes = tokio::task::JoinSet::new();
     let mut pusher: Option<Arc<Pusher>> = None;
     while let Some(job) = jobs.recv().await {
+        let gzip = matches!(job.kind, JobKind::Arriving) && opts.compress == Compress::Gzip;
         // A layer to gzip counts its bytes once they are known (compressed).
-        let counted = if job.kind == JobKind::Gzip {
-            0
-        } else {
-            job.span.len
+        let counted = match job.kind {
+            JobKind::Teed(Fed::Gzipping, _) => 0,
+            _ if gzip => 0,
+            _ => job.span.len,
         };
+        // A walk of a compressed archive goes on after `complete`: the pass waits for it.
+        let teed = matches!(job.kind, JobKind::Teed(..));
         let Some(done) = opts
             .streamed
-            .take(generation, &job.digest, counted, &opts.progress)
+            .take(generation, &job.digest, counted, &opts.progress, teed)
         else {
+            // Dropped with the job, a fed blob's sender tells the walker to go on without it.
             continue;
         };
         let p = match &pusher {
@@ -330,19 +424,28 @@ async fn follow_generation(
         let file = file.clone();
         let prefix = prefix.clone();
         let streamed = opts.streamed.clone();
+        let compress = opts.compress;
         pushes.spawn(async move {
-            let _gzip = match job.kind {
-                JobKind::Gzip => Some(streamed.gzip_turn().await),
-                _ => None,
+            // Taken even when the turn comes after `complete` began: the layer was claimed
+            // before, the pass waits for it, and the follower streams it with no copy on disk.
+            let _gzip = match gzip {
+                true => Some(streamed.gzip_turn().await),
+                false => None,
             };
-            if job.kind == JobKind::Gzip && prefix.is_closed(generation) {
-                // Its turn came after `complete` began: the pass gzip's it (the follower
-                // starts nothing new then).
-                done.send_replace(Some(false));
-                drop(permit);
-                return;
-            }
             let pushed = match job.kind {
+                JobKind::Teed(fed, ready) => {
+                    let layer = fed != Fed::Named(job.digest.clone());
+                    let gzip = fed == Fed::Gzipping;
+                    p.push_fed(fed, job.span.len, &job.name, ready)
+                        .await
+                        .map(|made| match made {
+                            Some(made) if layer => {
+                                tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, gzip, "layer pushed while the upload arrives");
+                                streamed.record(generation, &job.digest, made);
+                            }
+                            _ => {}
+                        })
+                }
                 JobKind::Named => p
                     .push_following(
                         &Source::File(file),
@@ -353,16 +456,32 @@ async fn follow_generation(
                     )
                     .await
                     .map(|_| ()),
-                // Hashed by the walker from bytes that never change: no second hash.
-                JobKind::Hashed => p
-                    .push_own_file(&Source::File(file), job.span, &job.digest, "layer")
+                JobKind::Expected(diff_id) => p
+                    .push_following(
+                        &Source::File(file),
+                        job.span,
+                        &diff_id,
+                        "layer",
+                        (prefix, generation),
+                    )
                     .await
-                    .map(|_| ()),
-                JobKind::Gzip => p
-                    .push_gzipping_following(&file, job.span, &job.name, (prefix, generation))
+                    .map(|_| {
+                        let made = (diff_id.clone(), diff_id.clone(), job.span.len);
+                        streamed.record(generation, &job.digest, made);
+                    }),
+                // Hashed by the walker from bytes that never change: no second hash.
+                JobKind::Hashed(digest) => p
+                    .push_own_file(&Source::File(file), job.span, &digest, "layer")
+                    .await
+                    .map(|_| {
+                        let made = (digest.clone(), digest.clone(), job.span.len);
+                        streamed.record(generation, &job.digest, made);
+                    }),
+                JobKind::Arriving => p
+                    .push_arriving(&file, job.span, &job.name, compress, (prefix, generation))
                     .await
                     .map(|made| {
-                        tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, "layer gzip'ed while the upload arrives");
+                        tracing::info!(layer = %job.name, diff_id = %made.0, digest = %made.1, size = made.2, gzip, "layer pushed while the upload arrives");
                         streamed.record(generation, &job.digest, made);
                     }),
             };
@@ -381,13 +500,13 @@ async fn follow_generation(
 /// the archive, at the first thing it cannot follow, or when the generation closes.
 fn walk(
     file: &Arc<File>,
-    prefix: &Arc<Prefix>,
+    streamed: &Arc<Streamed>,
     generation: u64,
     size: u64,
     compress: Compress,
     jobs: &tokio::sync::mpsc::Sender<Job>,
 ) {
-    match walk_tar(file, prefix, generation, size, compress, jobs) {
+    match walk_tar(file, streamed, generation, size, compress, jobs) {
         Ok(()) => tracing::debug!("the follower reached the end of the archive"),
         Err(why) => {
             tracing::debug!(%why, "the follower stops: the pass after complete does the rest")
@@ -397,23 +516,31 @@ fn walk(
 
 fn walk_tar(
     file: &Arc<File>,
-    prefix: &Arc<Prefix>,
+    streamed: &Arc<Streamed>,
     generation: u64,
     size: u64,
     compress: Compress,
     jobs: &tokio::sync::mpsc::Sender<Job>,
 ) -> Result<(), String> {
+    let prefix = &streamed.prefix;
     let gone = |e: Gone| e.to_string();
     let n = size.min(512);
     prefix.wait(generation, n).map_err(gone)?;
     let mut head = vec![0u8; n as usize];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| e.to_string())?;
+    match compress::recognise(&head) {
+        Some(kind @ (Compression::Gzip | Compression::Xz | Compression::Zstd)) => {
+            return walk_packed(file, streamed, generation, size, kind, compress, jobs);
+        }
+        Some(other) => return Err(format!("{}: not followed", other.name())),
+        None => {}
+    }
     if n < 512 || &head[257..262] != b"ustar" {
-        let what = compress::recognise(&head).map_or("not a plain tar", |c| c.name());
-        return Err(format!("{what}: not followed"));
+        return Err("not a plain tar: not followed".into());
     }
     let reader = FollowReader::new(file.clone(), prefix.clone(), generation, size);
+    let mut documents = Documents::default();
     let mut tar = tar::Archive::new(reader);
     for entry in tar.entries_with_seek().map_err(|e| e.to_string())? {
         let entry = entry.map_err(|e| e.to_string())?;
@@ -430,7 +557,16 @@ fn walk_tar(
             offset: entry.raw_file_position(),
             len: entry.size(),
         };
-        if span.len < STREAM_MIN || span.offset.saturating_add(span.len) > size {
+        if span.offset.saturating_add(span.len) > size {
+            continue;
+        }
+        let raw = entry.path_bytes();
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        let name = name.trim_start_matches("./");
+        if span.len < STREAM_MIN {
+            if name.ends_with(".json") && !name.contains('/') {
+                documents.keep(file, prefix, generation, name, span)?;
+            }
             continue;
         }
         if prefix.current().1 >= size {
@@ -438,9 +574,6 @@ fn walk_tar(
             // faster than it walks): `complete` is next, and the pass does the rest at once.
             return Err("the whole file is there: the pass after complete pushes the rest".into());
         }
-        let raw = entry.path_bytes();
-        let name = String::from_utf8_lossy(&raw);
-        let name = name.trim_start_matches("./");
         let job = if let Some(hex) = name.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
             Job {
                 digest: format!("sha256:{hex}"),
@@ -459,29 +592,25 @@ fn walk_tar(
                 // Compressed already: the pass checks it against its diff_id first.
                 continue;
             }
-            match compress {
-                Compress::None => {
-                    prefix
-                        .wait(generation, span.offset + span.len)
-                        .map_err(gone)?;
-                    if prefix.is_closed(generation) {
-                        return Err("complete began".into());
-                    }
-                    let mut reader = SpanReader::hashing(file.clone(), span);
-                    reader.consume().map_err(|e| e.to_string())?;
-                    Job {
-                        digest: reader.digest().expect("a hashing reader"),
-                        span,
-                        kind: JobKind::Hashed,
-                        name: name.to_string(),
-                    }
-                }
-                Compress::Gzip => Job {
-                    digest: gzip_key(span),
-                    span,
-                    kind: JobKind::Gzip,
-                    name: name.to_string(),
-                },
+            let kind = if compress == Compress::Gzip {
+                JobKind::Arriving
+            } else if let Some(diff_id) = documents.diff_id(name) {
+                // The config came first and names it: pushed under that digest, after a HEAD.
+                JobKind::Expected(diff_id)
+            } else if prefix.current().1 >= span.offset + span.len {
+                // Here already (a restarted receiver): its digest first, so that a layer the
+                // registry has costs a HEAD.
+                let mut reader = SpanReader::hashing(file.clone(), span);
+                reader.consume().map_err(|e| e.to_string())?;
+                JobKind::Hashed(reader.digest().expect("a hashing reader"))
+            } else {
+                JobKind::Arriving
+            };
+            Job {
+                digest: layer_key(span),
+                span,
+                kind,
+                name: name.to_string(),
             }
         } else {
             continue;
@@ -491,6 +620,160 @@ fn walk_tar(
         }
     }
     Ok(())
+}
+
+/// The small JSON documents of a classic archive the walk passed (`manifest.json`, the
+/// configs), so that a layer that comes after them is known by its diff_id from its first byte
+/// (`docker save` of Docker ≤ 24 writes `manifest.json` last, other tools first).
+#[derive(Default)]
+struct Documents {
+    held: HashMap<String, Vec<u8>>,
+    bytes: u64,
+}
+
+/// Documents held by the walk, at most: those of one image.
+const MAX_DOCUMENTS: u64 = 16 << 20;
+
+impl Documents {
+    /// Holds the document `name` at `span` once the prefix holds it (it is small).
+    fn keep(
+        &mut self,
+        file: &File,
+        prefix: &Prefix,
+        generation: u64,
+        name: &str,
+        span: Span,
+    ) -> Result<(), String> {
+        if self.bytes + span.len > MAX_DOCUMENTS {
+            return Ok(());
+        }
+        prefix
+            .wait(generation, span.offset + span.len)
+            .map_err(|e| e.to_string())?;
+        let mut doc = vec![0u8; span.len as usize];
+        file.read_exact_at(&mut doc, span.offset)
+            .map_err(|e| e.to_string())?;
+        self.bytes += span.len;
+        self.held.insert(name.to_string(), doc);
+        Ok(())
+    }
+
+    /// The diff_id the config of the image listing `layer` in `manifest.json` gives it.
+    fn diff_id(&self, layer: &str) -> Option<String> {
+        let manifest: serde_json::Value =
+            serde_json::from_slice(self.held.get("manifest.json")?).ok()?;
+        manifest.as_array()?.iter().find_map(|image| {
+            let at = image["Layers"]
+                .as_array()?
+                .iter()
+                .position(|l| l.as_str().map(|l| l.trim_start_matches("./")) == Some(layer))?;
+            let config = image["Config"].as_str()?.trim_start_matches("./");
+            let config: serde_json::Value = serde_json::from_slice(self.held.get(config)?).ok()?;
+            let diff_id = config["rootfs"]["diff_ids"].get(at)?.as_str()?;
+            runr_registry::is_sha256(diff_id).then(|| diff_id.to_string())
+        })
+    }
+}
+
+/// Walks a whole compressed archive behind the prefix: the index pass of the pass after
+/// `complete` ([`Archive::index_packed`]) run on a decoder that waits for the prefix, its tee
+/// pushing the blobs from that one decode. The index it makes is left for the pass.
+fn walk_packed(
+    file: &Arc<File>,
+    streamed: &Arc<Streamed>,
+    generation: u64,
+    size: u64,
+    kind: Compression,
+    compress: Compress,
+    jobs: &tokio::sync::mpsc::Sender<Job>,
+) -> Result<(), String> {
+    let prefix = &streamed.prefix;
+    let follow = (prefix.clone(), generation);
+    let limit = compress::expansion_limit(size);
+    let packed =
+        Packed::following(file.clone(), size, kind, limit, follow).map_err(|e| e.to_string())?;
+    let packed = Arc::new(packed);
+    // The first decompressed bytes: what the pass's detection reads first.
+    let mut first = vec![0u8; 512];
+    let mut n = 0;
+    while n < first.len() {
+        match packed.read_at(&mut first[n..], n as u64) {
+            Ok(0) => break,
+            Ok(got) => n += got,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    first.truncate(n);
+    if n < 512 || &first[257..262] != b"ustar" || compress::recognise(&first[..16]).is_some() {
+        return Err(format!(
+            "{}: not a compressed tar: not followed",
+            kind.name()
+        ));
+    }
+    if prefix.current().1 >= size {
+        return Err("the whole file is there: the pass after complete does it all".into());
+    }
+    let Some(indexing) = streamed.begin_index(generation) else {
+        return Err("complete began".into());
+    };
+    let mut tee = Teeing { jobs, compress };
+    match Archive::index_packed(packed, first, compress == Compress::Gzip, &mut tee) {
+        Ok(archive) => {
+            indexing.finish(archive);
+            Ok(())
+        }
+        // The pass indexes it again, and says what is wrong in its own terms.
+        Err(Ok(e)) => Err(e.to_string()),
+        Err(Err(e)) => Err(e.to_string()),
+    }
+}
+
+/// The follower's [`Tee`]: each blob the index pass of a compressed archive reads is offered
+/// to the push, which takes its bytes unless it is taken (or, named by its digest, in the
+/// registry already). Documents are left to the pass (held in memory by the index), and so are
+/// classic layers gzip'ed in the archive (their diff_id is checked first).
+struct Teeing<'a> {
+    jobs: &'a tokio::sync::mpsc::Sender<Job>,
+    compress: Compress,
+}
+
+impl Tee for Teeing<'_> {
+    fn entry(
+        &mut self,
+        name: &str,
+        span: Span,
+        head: &[u8],
+        reading: Reading,
+    ) -> Option<Box<dyn Sink>> {
+        if reading == Reading::Held {
+            return None;
+        }
+        let (digest, fed) =
+            if let Some(hex) = name.strip_prefix("blobs/sha256/").filter(|h| is_hex64(h)) {
+                let digest = format!("sha256:{hex}");
+                (digest.clone(), Fed::Named(digest))
+            } else if name.ends_with(".tar") && !name.starts_with("blobs/") {
+                match (reading, self.compress) {
+                    (Reading::Gzipping, _) => (layer_key(span), Fed::Gzipping),
+                    (_, Compress::None) if compress::recognise(head).is_none() => {
+                        (layer_key(span), Fed::Layer)
+                    }
+                    _ => return None,
+                }
+            } else {
+                return None;
+            };
+        let (ready, feed) = oneshot::channel();
+        let job = Job {
+            digest,
+            span,
+            kind: JobKind::Teed(fed, ready),
+            name: name.to_string(),
+        };
+        self.jobs.blocking_send(job).ok()?;
+        let feed = feed.blocking_recv().ok()??;
+        Some(Box::new(feed))
+    }
 }
 
 fn is_hex64(s: &str) -> bool {

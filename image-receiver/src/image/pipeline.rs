@@ -7,7 +7,9 @@
 //!
 //! This is the pass after `complete`: it reads the whole verified file and pushes every blob the
 //! follower ([`crate::image::follow`]) did not push while the upload arrived (each blob claimed
-//! once through [`Streamed`]), then the manifests, indexes and the tag.
+//! once through [`Streamed`]), then the manifests, indexes and the tag. A whole compressed
+//! archive the follower indexed while it arrived is not decoded again: the pass takes that
+//! index.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use serde_json::Value;
 
 use crate::image::compress;
 pub use crate::image::compress::Compress;
-use crate::image::follow::{gzip_key, Claim, Streamed};
+use crate::image::follow::{layer_key, Claim, Streamed};
 use crate::image::formats::docker::{DockerImage, DockerLayer};
 use crate::image::formats::oci::OciImage;
 use crate::image::formats::wasm::WasmModule;
@@ -182,19 +184,26 @@ pub async fn process_with(
         .or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "the upload".into());
     let in_file = |e: String| ProcessError::new(format!("{label}: {e}"));
+    // A whole compressed archive the follower indexed while it arrived (the same index pass,
+    // over the same bytes) is not decoded again.
+    let indexed = opts.streamed.followed_index(pass.generation).await;
+    if indexed.is_some() {
+        tracing::info!("the compressed archive was indexed while it arrived");
+    }
     let detected = {
         let path = file.to_path_buf();
         let upload_name = opts.upload_name.clone();
         let gzip_layers = opts.compress == Compress::Gzip;
         tokio::task::spawn_blocking(move || {
-            formats::detect(
-                &path,
-                &DetectOptions {
-                    upload_name: upload_name.as_deref(),
-                    expansion_limit: compress::expansion_limit,
-                    gzip_layers,
-                },
-            )
+            let opts = DetectOptions {
+                upload_name: upload_name.as_deref(),
+                expansion_limit: compress::expansion_limit,
+                gzip_layers,
+            };
+            match indexed {
+                Some(archive) => formats::detect_indexed(archive, &opts),
+                None => formats::detect(&path, &opts),
+            }
         })
         .await
         .map_err(|e| ProcessError::new(format!("format detection stopped: {e}")))?
@@ -261,7 +270,36 @@ async fn push_oci(
     let pushes: Vec<BoxFuture<'_, Result<bool, PushError>>> = blobs
         .iter()
         .zip(claims)
-        .map(|(b, c)| push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed())
+        .map(|(b, c)| {
+            // A document the index of a compressed archive holds (a config) goes from memory,
+            // not through a decoder again.
+            match image
+                .archive
+                .held_document(b.span)
+                .filter(|_| file.is_packed())
+            {
+                Some(doc) => async move {
+                    if c.pushed().await {
+                        return Ok(false);
+                    }
+                    // Checked as a blob read from the file is, in the same words.
+                    let actual = sha256_digest(&doc);
+                    if actual != b.digest {
+                        return Err(PushError::Content(format!(
+                            "{} {} in the file does not match its digest (its content hashes to {actual}): the file is damaged",
+                            b.what, b.digest
+                        )));
+                    }
+                    let doc = Bytes::from(doc.to_vec());
+                    pusher
+                        .push_bytes(doc, &b.digest, b.what)
+                        .await
+                        .map(|()| true)
+                }
+                .boxed(),
+                None => push_claimed(pusher, c, &file, b.span, &b.digest, b.what).boxed(),
+            }
+        })
         .collect();
     futures_util::stream::iter(pushes)
         .buffer_unordered(concurrency)
@@ -314,13 +352,14 @@ async fn push_docker(
     let config = pass.claim(progress, &image.config_digest, image.config.len() as u64);
     let mut claims: Vec<Option<Claim>> = Vec::with_capacity(image.layers.len());
     for l in &image.layers {
-        if !l.gzipped && compress == Compress::None {
-            // Pushed as it is, under its diff_id: the follower may have it.
-            claims.push(Some(pass.claim(progress, &l.diff_id, l.span.len)));
-        } else if !l.gzipped && !file.is_packed() {
-            // To gzip: the follower may have done it as the upload arrived (its bytes are
-            // counted once known, compressed).
-            claims.push(Some(pass.claim(progress, &gzip_key(l.span), 0)));
+        if !l.gzipped {
+            // The follower may have pushed it as the upload arrived, as it is or gzip'ed (a
+            // layer to gzip counts its bytes once known, compressed).
+            let size = match compress {
+                Compress::None => l.span.len,
+                Compress::Gzip => 0,
+            };
+            claims.push(Some(pass.claim(progress, &layer_key(l.span), size)));
         } else {
             // A layer gzip'ed here counts its bytes once they are known (compressed).
             progress.add_blob(if l.gzipped { l.span.len } else { 0 });
@@ -453,11 +492,6 @@ async fn push_docker_layer(
     work_dir: &Path,
     cpu: &tokio::sync::Semaphore,
 ) -> Result<Value, PushError> {
-    // With gzip the claim is of the gzip'ed layer (by its place), without of the layer itself.
-    let (gzip_claim, claim) = match compress {
-        Compress::Gzip => (claim, None),
-        Compress::None => (None, claim),
-    };
     let (media_type, digest, size) = if layer.gzipped {
         let permit = cpu.acquire().await.expect("the semaphore is never closed");
         // Already compressed: its digest is not in the archive's documents, and its content must
@@ -488,6 +522,30 @@ async fn push_docker_layer(
         }
         pusher.push_span(file, layer.span, &digest, "layer").await?;
         (media::OCI_LAYER_GZIP, digest, layer.span.len)
+    } else if let Some(made) = pushed_by_follower(pass, claim, layer).await {
+        // Pushed while the upload arrived: only its diff_id is left to check.
+        let (diff_id, digest, size) = made;
+        if diff_id != layer.diff_id {
+            let mismatch = match compress {
+                Compress::Gzip => compress::LayerError::DiffId {
+                    name: layer.name.clone(),
+                    diff_id: layer.diff_id.clone(),
+                    actual: diff_id,
+                }
+                .to_string(),
+                // In the words of the pass's own check of a layer pushed under its diff_id.
+                Compress::None => format!(
+                    "layer {} in the file does not match its digest (its content hashes to {diff_id}): the file is damaged",
+                    layer.diff_id
+                ),
+            };
+            return Err(PushError::Content(mismatch));
+        }
+        let media_type = match compress {
+            Compress::Gzip => media::OCI_LAYER_GZIP,
+            Compress::None => media::OCI_LAYER_TAR,
+        };
+        (media_type, digest, size)
     } else if let (Compress::Gzip, Some((diff_id, digest, size))) = (compress, known.made) {
         // From a compressed archive: gzip'ed again as it streams out of the decoder, into the
         // digest the index pass worked out (the same bytes: no copy on disk).
@@ -503,18 +561,6 @@ async fn push_docker_layer(
         pusher
             .push_gzipping(file, layer.span, &digest, size, &layer.name)
             .await?;
-        (media::OCI_LAYER_GZIP, digest, size)
-    } else if let Some(made) = gzipped_by_follower(pass, gzip_claim, layer).await {
-        // Gzip'ed and pushed while the upload arrived: only its diff_id is left to check.
-        let (diff_id, digest, size) = made;
-        if diff_id != layer.diff_id {
-            let mismatch = compress::LayerError::DiffId {
-                name: layer.name.clone(),
-                diff_id: layer.diff_id.clone(),
-                actual: diff_id,
-            };
-            return Err(PushError::Content(mismatch.to_string()));
-        }
         (media::OCI_LAYER_GZIP, digest, size)
     } else if compress == Compress::Gzip {
         tracing::info!(layer = %layer.name, "gzip'ing layer after complete");
@@ -542,17 +588,18 @@ async fn push_docker_layer(
             .await?;
         (media::OCI_LAYER_GZIP, digest, size)
     } else {
-        let claim = claim.unwrap_or(Claim::Mine);
-        push_claimed(pusher, claim, file, layer.span, &layer.diff_id, "layer").await?;
+        pusher
+            .push_span(file, layer.span, &layer.diff_id, "layer")
+            .await?;
         (media::OCI_LAYER_TAR, layer.diff_id.clone(), layer.span.len)
     };
     Ok(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}))
 }
 
-/// What the follower made of the uncompressed `layer` it gzip'ed and pushed before `complete`
-/// (`(diff_id, digest, size)`); `None` when it did not (or its push failed): the pass gzip's
-/// it then.
-async fn gzipped_by_follower(
+/// What the uncompressed `layer` the follower pushed before `complete` made (`(diff_id,
+/// digest, size)`, as it is or gzip'ed); `None` when it did not (or its push failed): the pass
+/// pushes it then.
+async fn pushed_by_follower(
     pass: &Pass<'_>,
     claim: Option<Claim>,
     layer: &DockerLayer,
@@ -561,7 +608,7 @@ async fn gzipped_by_follower(
     if !claim.pushed().await {
         return None;
     }
-    pass.streamed.made(pass.generation, &gzip_key(layer.span))
+    pass.streamed.made(pass.generation, &layer_key(layer.span))
 }
 
 /// The layer descriptors of the manifest the tag holds, when it is this same image (same config

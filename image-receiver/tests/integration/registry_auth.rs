@@ -354,3 +354,137 @@ fn a_registry_certificate_from_an_unknown_ca_fails_at_once_and_its_ca_makes_it_w
     let cert_dir = reg.cert_dir().display().to_string();
     pulled_whole(&target, &image, &["--src-cert-dir", &cert_dir]);
 }
+
+/// A classic archive sent in order, `none`: its large layer streams in a chunked upload while
+/// the upload arrives, through the token-protected registry.
+fn streamed_upload(
+    reg: &TokenRegistry,
+    work: &Path,
+    image: &TestImage,
+    env: &[(&str, &str)],
+    pause: Option<Duration>,
+) -> (Value, Receiver) {
+    const CHUNK: usize = 1 << 20;
+    let data = crate::stream::classic_archive(image);
+    let dir = work.join("upload");
+    std::fs::create_dir(&dir).unwrap();
+    let target = format!("{}/{REPO}:1", reg.host());
+    let mut all = vec![
+        ("RUNR_UPLOAD_TARGET", target.as_str()),
+        ("RUNR_UPLOAD_COMPRESS", "none"),
+    ];
+    all.extend_from_slice(env);
+    let r = Receiver::for_data(&dir, &data, &all);
+    // The first half of the first layer, then (after the pause) the rest.
+    let half = {
+        let mut tar = tar::Archive::new(&data[..]);
+        let e = tar.entries().unwrap().next().unwrap().unwrap();
+        (e.raw_file_position() + e.size() / 2) as usize
+    };
+    assert_eq!(r.put(0, &data[..half]).0, 200);
+    if let Some(pause) = pause {
+        r.wait_status("the first layer to stream", |s| {
+            s["push"]["bytes_pushed"].as_u64().unwrap_or(0) > 0
+        });
+        std::thread::sleep(pause);
+    }
+    for start in (half..data.len()).step_by(CHUNK) {
+        let end = (start + CHUNK).min(data.len());
+        assert_eq!(r.put(start as u64, &data[start..end]).0, 200);
+    }
+    assert_eq!(r.complete().0, 202);
+    let s = r.wait_status("the push to end", |s| {
+        s["status"] == "completed" || s["status"] == "failed"
+    });
+    (s, r)
+}
+
+/// A push that outlives its token: with tokens of one second, a layer whose upload pauses
+/// longer than that is committed with a renewed token (asked for before the old one expires,
+/// with the same credentials and scope), and the image is whole.
+#[test]
+fn a_layer_streamed_longer_than_its_token_lives_renews_it() {
+    if !tools() {
+        return;
+    }
+    let reg = TokenRegistry::builder(USER, PASSWORD)
+        .ttl(Duration::from_secs(1))
+        .start();
+    let image = TestImage::random("1", &[4 << 20, 20_000]);
+    let work = tempfile::tempdir().unwrap();
+    let creds = [
+        ("RUNR_REGISTRY_USERNAME", USER),
+        ("RUNR_REGISTRY_PASSWORD", PASSWORD),
+    ];
+    // Longer than the token lives: its commit comes after its renewal is due.
+    let (s, r) = streamed_upload(
+        &reg,
+        work.path(),
+        &image,
+        &creds,
+        Some(Duration::from_millis(1500)),
+    );
+    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let log = r.log();
+    assert!(
+        log.contains("layer pushed while the upload arrives"),
+        "{log}"
+    );
+    assert!(log.contains("registry token renewed"), "{log}");
+    let tokens = reg.tokens().log();
+    assert!(tokens.len() >= 2, "{tokens:?}");
+    for t in &tokens {
+        assert_eq!(t.status, 200, "{tokens:?}");
+        assert_eq!(t.user.as_deref(), Some(USER), "{tokens:?}");
+        assert_eq!(
+            t.scopes,
+            [format!("repository:{REPO}:pull,push")],
+            "{tokens:?}"
+        );
+    }
+    pulled_whole(
+        &format!("{}/{REPO}:1", reg.host()),
+        &image,
+        &[
+            "--src-tls-verify=false",
+            "--src-creds",
+            &format!("{USER}:{PASSWORD}"),
+        ],
+    );
+}
+
+/// A wrong password while a layer streams: the follower's chunked upload is refused at its
+/// grant (one token request, nothing retried) and the pass reports the refusal after one
+/// request of its own; no tag.
+#[test]
+fn a_refused_credential_stops_a_streamed_push_at_once() {
+    if !tools() {
+        return;
+    }
+    let reg = TokenRegistry::start(USER, PASSWORD);
+    let image = TestImage::random("1", &[4 << 20, 2 << 20, 20_000]);
+    let work = tempfile::tempdir().unwrap();
+    let (s, r) = streamed_upload(
+        &reg,
+        work.path(),
+        &image,
+        &[
+            ("RUNR_REGISTRY_USERNAME", USER),
+            ("RUNR_REGISTRY_PASSWORD", "wrong"),
+        ],
+        None,
+    );
+    assert_eq!(s["status"], "failed", "{s}");
+    let msg = s["message"].as_str().unwrap();
+    assert!(msg.starts_with("authentication failed"), "{msg}");
+    let log = r.log();
+    assert!(!log.contains("retrying"), "{log}");
+    // One for the follower, which stops there (its other layer is refused with the same
+    // answer), one for the pass.
+    assert!(
+        log.contains("the follower's push failed") && log.contains("authentication failed"),
+        "{log}"
+    );
+    assert!(reg.token_requests() <= 2, "{:?}", reg.tokens().log());
+    assert_eq!(reg.tokens().issued(), 0, "{:?}", reg.tokens().log());
+}

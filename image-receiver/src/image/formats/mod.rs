@@ -16,7 +16,7 @@ use std::sync::Arc;
 use self::docker::DockerImage;
 use self::oci::OciImage;
 use self::wasm::WasmModule;
-use crate::image::archive::{Archive, ArchiveError};
+use crate::image::archive::{Archive, ArchiveError, NoTee};
 use crate::image::compress::{self, Compression, Packed};
 use crate::image::span::{Source, Span, SpanReader};
 
@@ -89,7 +89,7 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
                 });
             }
             let ustar = first.len() == 512 && &first[257..262] == b"ustar";
-            match Archive::index_packed(packed, first, opts.gzip_layers) {
+            match Archive::index_packed(packed, first, opts.gzip_layers, &mut NoTee) {
                 Ok(a) => a,
                 Err(Ok(decoder)) => return Err(decoder.into()),
                 Err(Err(ArchiveError::Read(_))) if !ustar => return Err(FormatError::Unrecognized),
@@ -97,6 +97,12 @@ pub fn detect(path: &Path, opts: &DetectOptions<'_>) -> Result<Detected, FormatE
             }
         }
     };
+    detect_indexed(archive, opts)
+}
+
+/// What the indexed tar `archive` holds and what to push: the rest of [`detect`], for an
+/// archive the follower indexed while it arrived.
+pub fn detect_indexed(archive: Archive, opts: &DetectOptions<'_>) -> Result<Detected, FormatError> {
     if archive.contains("index.json") {
         Ok(Detected::Oci(oci::read(archive, opts.upload_name)?))
     } else if archive.contains("manifest.json") {

@@ -7,7 +7,8 @@
 //!   that token from the cache both clients share. A refusal of the token service ends the push
 //!   with one request to it; an outage (connection refused, 5xx) is retried like any transient
 //!   failure. The first refusal by the registry itself (a token without the scope) is diagnosed
-//!   once, and requests refused at the same time report that same refusal.
+//!   once, and requests refused at the same time report that same refusal. A push that
+//!   outlives its token (a layer following a slow upload) renews it before it expires.
 //! - A blob the registry has (HEAD) is not sent again.
 //! - Blobs stream from their offsets in the archive in one monolithic `PUT` each (a second
 //!   oci-client with `use_monolithic_push`: the chunked mode PATCHes 4 MiB at a time, a size
@@ -18,6 +19,8 @@
 //! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob;
 //!   from a compressed archive, gzip'ed as they stream into the request body, under the digest
 //!   the index pass worked out ([`Pusher::push_gzipping`]).
+//! - A classic layer still arriving ([`chunked`]) goes in a chunked upload whose one `PATCH`
+//!   follows the upload, as it is or gzip'ed, committed under the digest worked out on the way.
 //! - Transient failures (connection, 5xx, 429) are retried [`RETRIES`] times with backoff; then
 //!   the registry's own message is reported. A blob whose upload failed starts again from its
 //!   first byte in a new upload session; the other blobs go on meanwhile.
@@ -45,6 +48,11 @@ use crate::image::formats::{media, RawManifest};
 use crate::image::span::{Source, Span, SpanReader};
 use crate::prefix::Prefix;
 use crate::progress::Progress;
+
+mod chunked;
+mod teed;
+
+pub use teed::{Fed, Feed};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
@@ -115,10 +123,53 @@ pub struct Pusher {
     /// The push's one grant: the first request runs the token flow, the others wait for it and
     /// share its outcome (a refusal included).
     access: tokio::sync::OnceCell<Result<(), PushError>>,
+    /// The grant now, renewed before its token expires (see [`Pusher::authorize`]).
+    held: tokio::sync::Mutex<Option<Held>>,
     /// The first refusal the registry answered (diagnosed once): requests refused at the same
     /// time report it without asking the token service again.
     refused: tokio::sync::Mutex<Option<PushError>>,
     progress: Arc<Progress>,
+}
+
+/// The grant a push holds and when to ask for a new one.
+struct Held {
+    grant: Grant,
+    /// For a Bearer token, three quarters into its life: early enough that a request started
+    /// then still carries a live token, whatever the clocks of the token service and the
+    /// registry say.
+    renew_at: Option<tokio::time::Instant>,
+    /// The renewal failed for good: every request after it fails so too.
+    failed: Option<PushError>,
+}
+
+impl Held {
+    fn new(grant: Grant) -> Held {
+        let renew_at = match &grant {
+            Grant::Bearer { expires_in, .. } => {
+                Some(tokio::time::Instant::now() + expires_in.mul_f64(0.75))
+            }
+            Grant::Basic | Grant::Anonymous => None,
+        };
+        Held {
+            grant,
+            renew_at,
+            failed: None,
+        }
+    }
+}
+
+/// How one attempt of a request failed: the registry's (or the connection's) error, retried
+/// when transient, or a failure no retry cures (a refused renewal of the grant, the file's own
+/// bytes).
+enum Attempt {
+    Registry(OciDistributionError),
+    Final(PushError),
+}
+
+impl From<OciDistributionError> for Attempt {
+    fn from(e: OciDistributionError) -> Attempt {
+        Attempt::Registry(e)
+    }
 }
 
 impl Pusher {
@@ -157,6 +208,7 @@ impl Pusher {
             target,
             backoff,
             access: tokio::sync::OnceCell::new(),
+            held: tokio::sync::Mutex::new(None),
             refused: tokio::sync::Mutex::new(None),
             progress,
         })
@@ -194,19 +246,57 @@ impl Pusher {
         )
     }
 
-    /// The grant of this push, got once (see [`Pusher::access`]); `what` is what the first
-    /// request was about to do, named in a refusal.
+    /// The grant of this push, got once (see [`Pusher::access`]) and renewed when its token
+    /// is about to expire; `what` is what the request was about to do, named in a refusal.
     async fn authorize(&self, what: &str) -> Result<(), PushError> {
-        self.access.get_or_init(|| self.grant(what)).await.clone()
+        self.access.get_or_init(|| self.grant(what)).await.clone()?;
+        self.renew_if_due(what).await
     }
 
-    /// The token flow for `pull,push` on the target repository, outages retried like any
-    /// transient failure; the grant goes into the clients' token cache for both operations (a
-    /// `pull,push` token serves the HEADs and the read-back too).
+    /// The token flow for `pull,push` on the target repository (outages retried like any
+    /// transient failure), its grant installed.
     async fn grant(&self, what: &str) -> Result<(), PushError> {
+        let grant = self.exchange(what).await?;
+        tracing::debug!(?grant, "registry access granted");
+        self.install(grant).await;
+        Ok(())
+    }
+
+    /// A push that outlives its token (a layer streamed while a slow upload arrives) asks for
+    /// a new one before the old one expires: a token is checked when a request starts, so
+    /// each request must start with a live one. One renewal at a time (the others wait for
+    /// it), and a renewal that failed is the answer of every request after it.
+    async fn renew_if_due(&self, what: &str) -> Result<(), PushError> {
+        let mut held = self.held.lock().await;
+        let Some(h) = held.as_mut() else {
+            return Ok(());
+        };
+        if let Some(failed) = &h.failed {
+            return Err(failed.clone());
+        }
+        let now = tokio::time::Instant::now();
+        if h.renew_at.is_none_or(|at| now < at) {
+            return Ok(());
+        }
+        match self.exchange(what).await {
+            Ok(grant) => {
+                tracing::info!(?grant, "registry token renewed");
+                self.cache(&grant).await;
+                *h = Held::new(grant);
+                Ok(())
+            }
+            Err(e) => {
+                h.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the token flow, retrying outages; a refusal or a TLS failure is final.
+    async fn exchange(&self, what: &str) -> Result<Grant, PushError> {
         let host = self.target.resolve_registry();
         let mut attempt = 0;
-        let grant = loop {
+        loop {
             let got = exchange(
                 &self.http,
                 &self.registry,
@@ -217,7 +307,7 @@ impl Pusher {
             )
             .await;
             match got {
-                Ok(grant) => break grant,
+                Ok(grant) => return Ok(grant),
                 Err(e) if e.is_transient() && attempt < RETRIES => {
                     let delay = self.backoff.delay(attempt);
                     tracing::warn!(what, attempt, error = %e, ?delay, "token flow failed, retrying");
@@ -243,46 +333,87 @@ impl Pusher {
                     });
                 }
             }
-        };
-        tracing::debug!(?grant, "registry access granted");
+        }
+    }
+
+    /// Makes `grant` the push's: held for the chunked uploads' requests, and in the clients'
+    /// token cache.
+    async fn install(&self, grant: Grant) {
+        self.cache(&grant).await;
+        *self.held.lock().await = Some(Held::new(grant));
+    }
+
+    /// Puts `grant` into the clients' token cache for both operations (a `pull,push` token
+    /// serves the HEADs and the read-back too).
+    async fn cache(&self, grant: &Grant) {
         let token = match grant {
-            Grant::Bearer(token) => RegistryTokenType::Bearer(RegistryToken::Token { token }),
+            Grant::Bearer { token, .. } => Some(RegistryTokenType::Bearer(RegistryToken::Token {
+                token: token.clone(),
+            })),
             Grant::Basic => match &self.auth {
                 RegistryAuth::Basic(user, password) => {
-                    RegistryTokenType::Basic(user.clone(), password.clone())
+                    Some(RegistryTokenType::Basic(user.clone(), password.clone()))
                 }
-                _ => return Ok(()),
+                _ => None,
             },
             // Nothing to store: oci-client asks `GET /v2/` before each request, as it always did.
-            Grant::Anonymous => return Ok(()),
+            Grant::Anonymous => None,
         };
-        for op in [RegistryOperation::Push, RegistryOperation::Pull] {
-            self.client
-                .tokens
-                .insert(&self.target, op, token.clone())
-                .await;
+        if let Some(token) = token {
+            for op in [RegistryOperation::Push, RegistryOperation::Pull] {
+                self.client
+                    .tokens
+                    .insert(&self.target, op, token.clone())
+                    .await;
+            }
         }
-        Ok(())
+    }
+
+    /// `req` with the push's credentials: its Bearer token, or the Basic credentials the
+    /// registry asked for. Only for requests to the registry itself (a `Location` may name
+    /// another host, which gets nothing, as oci-client does).
+    async fn authorized(
+        &self,
+        url: &str,
+        req: runr_registry::reqwest::RequestBuilder,
+    ) -> runr_registry::reqwest::RequestBuilder {
+        let own = format!(
+            "{}/",
+            runr_registry::http::base_url(&self.registry, self.target.resolve_registry())
+        );
+        if !url.starts_with(&own) {
+            return req;
+        }
+        match self.held.lock().await.as_ref().map(|h| &h.grant) {
+            Some(Grant::Bearer { token, .. }) => req.bearer_auth(token),
+            Some(Grant::Basic) => match &self.auth {
+                RegistryAuth::Basic(user, password) => req.basic_auth(user, Some(password)),
+                _ => req,
+            },
+            Some(Grant::Anonymous) | None => req,
+        }
     }
 
     /// Runs `op` until it succeeds, fails for good, or failed transiently [`RETRIES`] + 1 times.
-    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, PushError>
+    async fn retry<T, E, F, Fut>(&self, what: &str, mut op: F) -> Result<T, PushError>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, OciDistributionError>>,
+        Fut: std::future::Future<Output = Result<T, E>>,
+        E: Into<Attempt>,
     {
-        self.authorize(what).await?;
         let mut attempt = 0;
         loop {
-            match op().await {
+            self.authorize(what).await?;
+            match op().await.map_err(Into::into) {
                 Ok(v) => return Ok(v),
-                Err(e) if is_transient(&e) && attempt < RETRIES => {
+                Err(Attempt::Final(e)) => return Err(e),
+                Err(Attempt::Registry(e)) if is_transient(&e) && attempt < RETRIES => {
                     let delay = self.backoff.delay(attempt);
                     tracing::warn!(what, attempt, error = %error_chain(&e), ?delay, "registry request failed, retrying");
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
-                Err(e) => return Err(self.failure(what, &e).await),
+                Err(Attempt::Registry(e)) => return Err(self.failure(what, &e).await),
             }
         }
     }
@@ -477,68 +608,6 @@ impl Pusher {
         self.settle(result.map(drop), &attempt)
     }
 
-    /// Pushes the uncompressed layer at `span` of `file` (still arriving: each block is read
-    /// once the prefix of `follow`'s generation holds it) gzip'ed on the way. Its digest is
-    /// known only at its end, so it goes as a chunked upload (`POST`, a `PATCH` per
-    /// [`PATCH_BYTES`], `PUT ?digest=`) and there is no HEAD first. A retry starts a new upload
-    /// and gzip's the layer again from its first byte: the same bytes ([`compress::gzip_blocks`]
-    /// depends on its input only), the same digest. Returns what the layer made.
-    pub async fn push_gzipping_following(
-        &self,
-        file: &Arc<std::fs::File>,
-        span: Span,
-        what: &str,
-        follow: Follow,
-    ) -> Result<compress::Made, PushError> {
-        tracing::info!(
-            what,
-            size = span.len,
-            "pushing layer, gzip'ed as the upload arrives"
-        );
-        let attempt = Arc::new(AtomicU64::new(0));
-        let made = Arc::new(Mutex::new(None));
-        let result = self
-            .retry(
-                &format!("pushing layer {what} gzip'ed as it arrives"),
-                || {
-                    self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                    let stream = gzip_following_stream(
-                        file.clone(),
-                        span,
-                        what.to_string(),
-                        follow.clone(),
-                        made.clone(),
-                        Sent {
-                            progress: self.progress.clone(),
-                            attempt: attempt.clone(),
-                        },
-                    );
-                    self.blobs.push_blob_stream_chunked(&self.target, stream)
-                },
-            )
-            .await;
-        let pushed = match result {
-            Ok(pushed) => pushed,
-            Err(e) => {
-                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                return Err(e);
-            }
-        };
-        let made: Option<compress::Made> = made.lock().expect("made lock").take();
-        match made {
-            // What oci-client hashed on the way out is what the compressor hashed.
-            Some(made) if made.1 == pushed.blob_digest && made.2 == pushed.size => {
-                self.progress.add_bytes(made.2);
-                self.progress.blob_done();
-                Ok(made)
-            }
-            other => Err(PushError::Content(format!(
-                "layer {what}: the registry took {} ({} bytes), not what gzip'ing it made ({other:?})",
-                pushed.blob_digest, pushed.size
-            ))),
-        }
-    }
-
     /// Pushes a small blob held in memory (a config written here).
     pub async fn push_bytes(&self, data: Bytes, digest: &str, what: &str) -> Result<(), PushError> {
         let len = data.len() as u64;
@@ -707,90 +776,6 @@ fn span_stream(
                 Err(e) => Some((Err(stream_error(&format!("reading {what}: {e}"))), None)),
             }
         }
-    })
-}
-
-/// Compressed bytes per `PATCH` of a layer gzip'ed as it arrives (members are joined up to it,
-/// a member that does not compress is one `PATCH`): a member's size, so a layer in flight holds
-/// about what a monolithic push holds. 4 MiB (oci-client's own largest chunk) took the peak RSS
-/// of 64 concurrent chunks and the push past 64 MiB.
-const PATCH_BYTES: usize = 1 << 20;
-
-/// The request body of [`Pusher::push_gzipping_following`]: the gzip members of `span` of
-/// `file`, each read once the prefix holds it, joined into items of at most [`PATCH_BYTES`]
-/// (one `PATCH` each). At its end `made` holds `(diff_id, digest, size)`; a wait that ends (the
-/// upload reopened) or a failed read ends it with an error item, so the upload is never
-/// committed.
-fn gzip_following_stream(
-    file: Arc<std::fs::File>,
-    span: Span,
-    what: String,
-    (prefix, generation): Follow,
-    made: Arc<Mutex<Option<compress::Made>>>,
-    sent: Sent,
-) -> impl Stream<Item = Item> + Send + 'static {
-    use std::io::{Read as _, Seek as _};
-    // One item waiting besides the one being filled and the one in the request: bounded
-    // memory whatever the registry's pace.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(1);
-    tokio::task::spawn_blocking(move || {
-        let ended = || compress::LayerError::Io {
-            what: "sending".into(),
-            name: what.clone(),
-            source: std::io::Error::other("the request ended"),
-        };
-        let mut reader = crate::prefix::FollowReader::new(
-            file,
-            prefix,
-            generation,
-            span.offset.saturating_add(span.len),
-        );
-        let run = (|| -> Result<compress::Made, compress::LayerError> {
-            reader
-                .seek(std::io::SeekFrom::Start(span.offset))
-                .map_err(|e| compress::LayerError::Io {
-                    what: "reading the upload".into(),
-                    name: what.clone(),
-                    source: e,
-                })?;
-            let mut packed = runr_registry::Sha256Hasher::new();
-            let mut size = 0u64;
-            let mut item: Vec<u8> = Vec::new();
-            let diff_id =
-                compress::gzip_blocks((&mut reader).take(span.len), span.len, &what, |member| {
-                    packed.update(member);
-                    size += member.len() as u64;
-                    if !item.is_empty() && item.len() + member.len() > PATCH_BYTES {
-                        let full = std::mem::take(&mut item);
-                        sent.add(full.len() as u64);
-                        tx.blocking_send(Ok(Bytes::from(full)))
-                            .map_err(|_| ended())?;
-                    }
-                    if item.capacity() == 0 {
-                        item.reserve_exact(PATCH_BYTES.max(member.len()));
-                    }
-                    item.extend_from_slice(member);
-                    Ok(())
-                })?;
-            if !item.is_empty() {
-                sent.add(item.len() as u64);
-                tx.blocking_send(Ok(Bytes::from(item)))
-                    .map_err(|_| ended())?;
-            }
-            Ok((diff_id, packed.finish(), size))
-        })();
-        // Recorded before `tx` is dropped: the stream ends, and the commit is sent, only after.
-        // An earlier attempt's thread that gets this far records the same (the same input).
-        match run {
-            Ok(m) => *made.lock().expect("made lock") = Some(m),
-            Err(e) => {
-                let _ = tx.blocking_send(Err(stream_error(&e.to_string())));
-            }
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        Some((item, rx))
     })
 }
 
