@@ -4,7 +4,7 @@
 //! every bad one must fail with a message naming the problem and leave no tag behind.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +15,7 @@ use runr_image_upload::image::pipeline::{
     process, process_with, Compress, ImageInfo, Kind, ProcessOptions, SourceFormat,
 };
 use runr_registry::{Backoff, RegistryConfig};
+use runr_testkit::proxy::{Hook, Proxy, RequestHead, Verdict};
 use runr_testkit::{docker_available, http_get_status, skopeo, Registry};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -1085,16 +1086,77 @@ fn docker_raw_layer(archive: &Path) -> String {
     m[0]["Layers"][0].as_str().unwrap().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
+/// `data`, named `<name>.tar`, must fail with a message that names the file and contains
+/// `want`, leaving no tag in the registry and nothing in the work dir.
+async fn refused(name: &str, data: &[u8], compress: Compress, want: &str) {
     let reg = Registry::start();
     let scratch = tempfile::tempdir().unwrap();
-    let oci = fixture("oci-archive.tar");
-    let raw = fixture("docker-raw.tar");
-    let oci_bytes = std::fs::read(&oci).unwrap();
-    let layer = first_layer(&oci);
+    let c = case(&reg, "runr-uploads/platform/bad", name);
+    let path = scratch.path().join(format!("{name}.tar"));
+    std::fs::write(&path, data).unwrap();
+    let opts = options(&c, &path, None, compress);
+    let err = process(&path, &opts)
+        .await
+        .expect_err(&format!("{name} must fail"));
+    let msg = err.to_string();
+    assert!(msg.contains(want), "{name}: {msg:?} lacks {want:?}");
+    assert!(msg.starts_with(&format!("{name}.tar: ")), "{name}: {msg}");
+    assert_no_tag(&reg, &c);
+    assert_eq!(
+        std::fs::read_dir(c.work.path()).unwrap().count(),
+        0,
+        "{name} left files in the work dir"
+    );
+}
 
-    // The layout without one layer blob.
+/// A gzip bomb: 1000 members of 1 MiB of zeros each, ~1 MiB on disk.
+fn gzip_bomb() -> Vec<u8> {
+    let member = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![0u8; 1 << 20]).unwrap();
+        e.finish().unwrap()
+    };
+    std::iter::repeat_n(member.as_slice(), 1000)
+        .flatten()
+        .copied()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_archive_is_refused() {
+    let oci_bytes = std::fs::read(fixture("oci-archive.tar")).unwrap();
+    let data = &oci_bytes[..oci_bytes.len() * 2 / 3];
+    refused("truncated", data, Compress::None, "truncated").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oci_layer_that_does_not_match_its_digest_is_refused() {
+    let oci = fixture("oci-archive.tar");
+    let layer = first_layer(&oci);
+    let data = corrupt(&oci, &format!("blobs/sha256/{}", &layer[7..]));
+    let want = format!("{layer} in the file does not match its digest");
+    refused("corrupt-oci-layer", &data, Compress::None, &want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_layer_that_does_not_match_its_digest_is_refused() {
+    let raw = fixture("docker-raw.tar");
+    let data = corrupt(&raw, &docker_raw_layer(&raw));
+    let want = "in the file does not match its";
+    refused("corrupt-docker-layer", &data, Compress::None, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_layer_that_does_not_match_its_diff_id_is_refused_when_gzipped() {
+    let raw = fixture("docker-raw.tar");
+    let data = corrupt(&raw, &docker_raw_layer(&raw));
+    let want = "does not match its diff_id";
+    refused("corrupt-docker-layer-gzip", &data, Compress::Gzip, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_missing_a_layer_blob_is_refused() {
+    let scratch = tempfile::tempdir().unwrap();
     let missing_dir = scratch.path().join("missing");
     Command::new("cp")
         .args(["-r"])
@@ -1122,114 +1184,73 @@ async fn bad_inputs_fail_with_a_clear_message_and_no_tag() {
     .unwrap();
     let gone = m["layers"][0]["digest"].as_str().unwrap().to_string();
     std::fs::remove_file(missing_dir.join(format!("blobs/sha256/{}", &gone[7..]))).unwrap();
+    let want = format!("layer {gone} is not in the file");
+    refused(
+        "missing-blob",
+        &tar_dir(&missing_dir),
+        Compress::None,
+        &want,
+    )
+    .await;
+}
 
-    // A gzip bomb: 1000 members of 1 MiB of zeros each, ~1 MiB on disk.
-    let member = {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        e.write_all(&vec![0u8; 1 << 20]).unwrap();
-        e.finish().unwrap()
-    };
-    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 1000)
-        .flatten()
-        .copied()
-        .collect();
-    // A tar bomb: an image archive whose second entry says 1 GiB and is zeros, as gzip members
-    // after the headers' own; the walk through the decoder stops inside that entry.
-    let tar_bomb = {
-        let mut head = tar_with(&[(b"manifest.json", b"[]")]);
-        head.truncate(head.len() - 1024);
-        let mut h = tar::Header::new_old();
-        h.as_old_mut().name[..5].copy_from_slice(b"zeros");
-        h.set_size(1 << 30);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_cksum();
-        head.extend_from_slice(h.as_bytes());
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        e.write_all(&head).unwrap();
-        let mut gz = e.finish().unwrap();
-        gz.extend(bomb.iter());
-        gz
-    };
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_points_outside_the_archive_is_refused() {
+    let data = tar_with(&[(b"manifest.json", b"[]"), (b"../../etc/x", b"boom")]);
+    let want = "\"../../etc/x\" points outside the archive";
+    refused("traversal", &data, Compress::None, want).await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_is_refused_before_it_expands() {
+    // 1000 MiB of zeros stop at 64 × their size + 512 MiB, well before.
+    let want = "expands to more than";
+    refused("gzip-bomb", &gzip_bomb(), Compress::None, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tar_bomb_behind_gzip_is_refused_inside_its_entry() {
+    // An image archive whose second entry says 1 GiB and is zeros, as gzip members after the
+    // headers' own; the walk through the decoder stops inside that entry.
+    let mut head = tar_with(&[(b"manifest.json", b"[]")]);
+    head.truncate(head.len() - 1024);
+    let mut h = tar::Header::new_old();
+    h.as_old_mut().name[..5].copy_from_slice(b"zeros");
+    h.set_size(1 << 30);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    head.extend_from_slice(h.as_bytes());
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&head).unwrap();
+    let mut data = e.finish().unwrap();
+    data.extend(gzip_bomb());
+    let want = "the gzip-compressed file could not be decompressed: it expands to more than";
+    refused("tar-bomb", &data, Compress::None, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_document_over_4_mib_is_refused() {
+    let data = tar_with(&[(b"manifest.json", &vec![b' '; 5 << 20])]);
+    let want = "manifest.json\" is 5242880 bytes, more than the 4194304";
+    refused("json-bomb", &data, Compress::None, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_nested_past_the_parsers_depth_is_refused() {
     let nested = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let data = tar_with(&[(b"manifest.json", nested.as_bytes())]);
+    let want = "manifest.json in the archive is not valid";
+    refused("json-nesting", &data, Compress::None, want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_of_no_known_format_are_refused() {
     let random: Vec<u8> = (0..64 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
-
-    let cases: Vec<(&str, Vec<u8>, String)> = vec![
-        (
-            "truncated",
-            oci_bytes[..oci_bytes.len() * 2 / 3].to_vec(),
-            "truncated".into(),
-        ),
-        (
-            "corrupt-oci-layer",
-            corrupt(&oci, &format!("blobs/sha256/{}", &layer[7..])),
-            format!("{layer} in the file does not match its digest"),
-        ),
-        (
-            "corrupt-docker-layer",
-            corrupt(&raw, &docker_raw_layer(&raw)),
-            "in the file does not match its".into(),
-        ),
-        (
-            "corrupt-docker-layer-gzip",
-            corrupt(&raw, &docker_raw_layer(&raw)),
-            "does not match its diff_id".into(),
-        ),
-        (
-            "missing-blob",
-            tar_dir(&missing_dir),
-            format!("layer {gone} is not in the file"),
-        ),
-        (
-            "traversal",
-            tar_with(&[(b"manifest.json", b"[]"), (b"../../etc/x", b"boom")]),
-            "\"../../etc/x\" points outside the archive".into(),
-        ),
-        ("gzip-bomb", bomb, "expands to more than".into()),
-        (
-            "tar-bomb",
-            tar_bomb,
-            "the gzip-compressed file could not be decompressed: it expands to more than".into(),
-        ),
-        (
-            "json-bomb",
-            tar_with(&[(b"manifest.json", &vec![b' '; 5 << 20])]),
-            "manifest.json\" is 5242880 bytes, more than the 4194304".into(),
-        ),
-        (
-            "json-nesting",
-            tar_with(&[(b"manifest.json", nested.as_bytes())]),
-            "manifest.json in the archive is not valid".into(),
-        ),
-        ("random", random, "neither a docker save archive".into()),
-    ];
-    for (name, data, want) in cases {
-        let c = case(&reg, "runr-uploads/platform/bad", name);
-        let path = scratch.path().join(format!("{name}.tar"));
-        std::fs::write(&path, &data).unwrap();
-        let compress = if name.ends_with("-gzip") {
-            Compress::Gzip
-        } else {
-            Compress::None
-        };
-        // The bombs (1000 MiB of zeros) stop at 64 × their size + 512 MiB, well before.
-        let opts = options(&c, &path, None, compress);
-        let err = process(&path, &opts)
-            .await
-            .expect_err(&format!("{name} must fail"));
-        let msg = err.to_string();
-        assert!(msg.contains(&want), "{name}: {msg:?} lacks {want:?}");
-        assert!(msg.starts_with(&format!("{name}.tar: ")), "{name}: {msg}");
-        assert_no_tag(&reg, &c);
-        assert_eq!(
-            std::fs::read_dir(c.work.path()).unwrap().count(),
-            0,
-            "{name} left files in the work dir"
-        );
-    }
+    let want = "neither a docker save archive";
+    refused("random", &random, Compress::None, want).await;
 }
 
 // === registry trouble ===
@@ -1280,82 +1301,42 @@ async fn registry_answering_500_twice_then_recovering() {
     );
 }
 
-/// A loopback proxy in front of `upstream` that answers the first `fail` requests (other than
-/// the `GET /v2/` probe) with 500 and forwards the rest, one request per connection.
-fn flaky_proxy(upstream: SocketAddr, fail: usize) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let failed = Arc::new(AtomicUsize::new(0));
-    let counter = failed.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let counter = counter.clone();
-            std::thread::spawn(move || {
-                let _ = serve_one(conn, upstream, fail, &counter);
-            });
-        }
-    });
-    (addr, failed)
+/// Answers the first `fail` requests (other than the `GET /v2/` probe) with 500 and forwards
+/// the rest; `failed` counts the failures.
+struct Flaky {
+    fail: usize,
+    failed: Arc<AtomicUsize>,
 }
 
-fn serve_one(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    fail: usize,
-    failed: &AtomicUsize,
-) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if client.read(&mut byte)? == 0 {
-            return Ok(());
-        }
-        head.push(byte[0]);
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or_default().to_string();
-    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-    let length: u64 = headers
-        .iter()
-        .find_map(|h| {
-            let (k, v) = h.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    let probe = request_line.starts_with("GET /v2/ ");
-    if !probe
-        && failed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < fail).then_some(n + 1)
-            })
-            .is_ok()
-    {
-        std::io::copy(&mut (&client).take(length), &mut std::io::sink())?;
-        let body = r#"{"errors":[{"code":"UNKNOWN","message":"injected failure"}]}"#;
-        write!(
-            client,
-            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )?;
-        return Ok(());
-    }
-    let mut up = TcpStream::connect(upstream)?;
-    let mut forwarded = format!("{request_line}\r\n");
-    for h in &headers {
-        if !h.to_ascii_lowercase().starts_with("connection:") {
-            forwarded.push_str(h);
-            forwarded.push_str("\r\n");
+impl Hook for Flaky {
+    fn request(&self, head: &RequestHead) -> Verdict {
+        let probe = head.method() == "GET" && head.target() == "/v2/";
+        let fails = !probe
+            && self
+                .failed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < self.fail).then_some(n + 1)
+                })
+                .is_ok();
+        match fails {
+            true => Verdict::Answer {
+                status: 500,
+                body: r#"{"errors":[{"code":"UNKNOWN","message":"injected failure"}]}"#.into(),
+            },
+            false => Verdict::FORWARD,
         }
     }
-    forwarded.push_str("Connection: close\r\n\r\n");
-    up.write_all(forwarded.as_bytes())?;
-    std::io::copy(&mut (&client).take(length), &mut up)?;
-    std::io::copy(&mut up, &mut client)?;
-    let _ = client.shutdown(std::net::Shutdown::Both);
-    Ok(())
+}
+
+/// A loopback proxy in front of `upstream` that answers the first `fail` requests (other than
+/// the `GET /v2/` probe) with 500 and forwards the rest.
+fn flaky_proxy(upstream: SocketAddr, fail: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let failed = Arc::new(AtomicUsize::new(0));
+    let hook = Flaky {
+        fail,
+        failed: failed.clone(),
+    };
+    (Proxy::start(upstream, Arc::new(hook)).addr(), failed)
 }
 
 // === docker save ===

@@ -2,8 +2,7 @@
 //! chunks arrive at once and during the push that follows (the VmHWM of /proc), and pushes of
 //! many blobs at once, of several images concurrently, pulled back and compared.
 
-use std::io::{BufRead, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runr_testkit::http::Conn;
+use runr_testkit::proxy::{Hook, Proxy, RequestHead, Verdict};
 use runr_testkit::{skopeo, Registry};
 use serde_json::Value;
 
@@ -169,99 +169,48 @@ struct InFlight {
     puts: AtomicUsize,
 }
 
-/// A loopback proxy in front of `upstream` that holds every blob `PUT` for `hold` before
-/// forwarding it, so uploads the client runs at once overlap here and are counted.
-fn holding_proxy(upstream: SocketAddr, hold: Duration) -> (SocketAddr, Arc<InFlight>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let gauge = Arc::new(InFlight::default());
-    let g = gauge.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { return };
-            let g = g.clone();
-            std::thread::spawn(move || {
-                let _ = forward(conn, upstream, hold, &g);
-            });
-        }
-    });
-    (addr, gauge)
+/// Holds every blob `PUT` for `hold` before it is forwarded, counting it in flight until the
+/// registry answered.
+struct Holding {
+    hold: Duration,
+    gauge: Arc<InFlight>,
 }
 
-fn forward(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    hold: Duration,
-    gauge: &InFlight,
-) -> std::io::Result<()> {
-    let mut reader = std::io::BufReader::new(client.try_clone()?);
-    {
-        let mut head = Vec::new();
-        loop {
-            let mut line = Vec::new();
-            if reader.read_until(b'\n', &mut line)? == 0 {
-                return Ok(());
-            }
-            head.extend_from_slice(&line);
-            if line == b"\r\n" {
-                break;
-            }
+fn is_blob_put(head: &RequestHead) -> bool {
+    head.method() == "PUT" && head.target().contains("/blobs/uploads/")
+}
+
+impl Hook for Holding {
+    fn request(&self, head: &RequestHead) -> Verdict {
+        if !is_blob_put(head) {
+            return Verdict::FORWARD;
         }
-        let text = String::from_utf8_lossy(&head).into_owned();
-        let request_line = text.lines().next().unwrap_or_default().to_string();
-        let length: u64 = text
-            .lines()
-            .find_map(|h| {
-                let (k, v) = h.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse().ok())?
-            })
-            .unwrap_or(0);
-        let blob_put = request_line.starts_with("PUT ") && request_line.contains("/blobs/uploads/");
-        if blob_put {
-            gauge.puts.fetch_add(1, Ordering::SeqCst);
-            let now = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
-            gauge.most.fetch_max(now, Ordering::SeqCst);
+        self.gauge.puts.fetch_add(1, Ordering::SeqCst);
+        let now = self.gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.gauge.most.fetch_max(now, Ordering::SeqCst);
+        Verdict::Forward { hold_at: Some(0) }
+    }
+
+    fn held(&self, _head: &RequestHead) {
+        std::thread::sleep(self.hold);
+    }
+
+    fn answered(&self, head: &RequestHead) {
+        if is_blob_put(head) {
+            self.gauge.now.fetch_sub(1, Ordering::SeqCst);
         }
-        let mut body = Vec::new();
-        (&mut reader).take(length).read_to_end(&mut body)?;
-        if blob_put {
-            std::thread::sleep(hold);
-        }
-        // One upstream connection per request, closed after it: the answer ends at EOF.
-        let mut up = TcpStream::connect(upstream)?;
-        let mut forwarded = String::new();
-        for line in text.split("\r\n") {
-            if line.is_empty() || line.to_ascii_lowercase().starts_with("connection:") {
-                continue;
-            }
-            forwarded.push_str(line);
-            forwarded.push_str("\r\n");
-        }
-        forwarded.push_str("Connection: close\r\n\r\n");
-        up.write_all(forwarded.as_bytes())?;
-        up.write_all(&body)?;
-        let mut answer = Vec::new();
-        up.read_to_end(&mut answer)?;
-        if blob_put {
-            gauge.now.fetch_sub(1, Ordering::SeqCst);
-        }
-        // Tell the client this connection ends here too (the answer may lack a length).
-        let answer = add_connection_close(&answer);
-        client.write_all(&answer)?;
-        Ok(())
     }
 }
 
-/// `answer` with `Connection: close` among its headers.
-fn add_connection_close(answer: &[u8]) -> Vec<u8> {
-    let Some(end) = answer.windows(2).position(|w| w == b"\r\n") else {
-        return answer.to_vec();
+/// A loopback proxy in front of `upstream` that holds every blob `PUT` for `hold` before
+/// forwarding it, so uploads the client runs at once overlap here and are counted.
+fn holding_proxy(upstream: SocketAddr, hold: Duration) -> (SocketAddr, Arc<InFlight>) {
+    let gauge = Arc::new(InFlight::default());
+    let hook = Holding {
+        hold,
+        gauge: gauge.clone(),
     };
-    let mut out = answer[..end + 2].to_vec();
-    out.extend_from_slice(b"Connection: close\r\n");
-    out.extend_from_slice(&answer[end + 2..]);
-    out
+    (Proxy::start(upstream, Arc::new(hook)).addr(), gauge)
 }
 
 /// An OCI layout tar: `platforms` images of `layers` random layers each (the first layer shared

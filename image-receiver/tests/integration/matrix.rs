@@ -32,7 +32,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use runr_testkit::oci::TestImage;
-use runr_testkit::{have_tool, skopeo, Registry};
+use runr_testkit::{skopeo, Registry};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
@@ -96,13 +96,7 @@ impl Mode {
 }
 
 fn tools() -> bool {
-    let ok = ["docker-registry", "skopeo", "gzip", "xz", "zstd"]
-        .iter()
-        .all(|t| have_tool(t));
-    if !ok {
-        println!("skipping: docker-registry, skopeo, gzip, xz or zstd is missing (.ci/run installs them)");
-    }
-    ok
+    runr_testkit::tools_present(&["docker-registry", "skopeo", "gzip", "xz", "zstd"])
 }
 
 /// The registry every case pushes into (each into its own repository, so none finds another's
@@ -203,7 +197,7 @@ fn plain(format: Format) -> Arc<Vec<u8>> {
             Format::DockerClassicLarge => crate::stream::classic_archive(&large_image()),
             Format::SkopeoOciArchiveLarge => {
                 let work = tempfile::tempdir().unwrap();
-                crate::stream::oci_archive(&large_image(), work.path())
+                crate::support::oci_archive(&large_image(), work.path())
             }
             Format::Buildx => buildx_archive(&large_image()),
         };

@@ -17,18 +17,17 @@
 //!   one `PATCH`, whose body has chunked transfer encoding), gzip'ed again into the same
 //!   digest.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use runr_testkit::oci::TestImage;
-use runr_testkit::tools::skopeo_output;
+use runr_testkit::proxy::{Hook, Proxy, RequestHead, Verdict};
 use runr_testkit::{have_tool, Registry};
 use serde_json::Value;
 
-use crate::support::Receiver;
+use crate::support::{oci_archive, pulled_from, Receiver};
 
 const REPO: &str = "runr-uploads/platform/held";
 /// The blob whose upload the proxy holds: large enough that the socket buffers between the
@@ -38,11 +37,7 @@ const BIG: usize = 32 << 20;
 const HOLD_AT: u64 = 1 << 20;
 
 fn tools() -> bool {
-    let ok = ["docker-registry", "skopeo"].iter().all(|t| have_tool(t));
-    if !ok {
-        println!("skipping: docker-registry or skopeo is missing (.ci/run installs them)");
-    }
-    ok
+    runr_testkit::tools_present(&["docker-registry", "skopeo"])
 }
 
 // === the holding proxy ===
@@ -57,6 +52,8 @@ enum Hold {
     Released,
 }
 
+/// Holds the body of the first large blob upload once [`HOLD_AT`] bytes of it went through,
+/// until [`HoldingProxy::release`], and keeps every request line.
 struct ProxyState {
     hold: Mutex<Hold>,
     changed: Condvar,
@@ -64,9 +61,39 @@ struct ProxyState {
     requests: Mutex<Vec<String>>,
 }
 
-/// A loopback proxy in front of `upstream`, one request per connection, that holds the body of
-/// the first `PUT` of at least [`BIG`] bytes once [`HOLD_AT`] bytes of it went through, until
-/// [`HoldingProxy::release`].
+impl Hook for ProxyState {
+    fn request(&self, head: &RequestHead) -> Verdict {
+        self.requests.lock().unwrap().push(head.line.clone());
+        // A PATCH is the body of a chunked upload (a classic layer streamed as it arrives, its
+        // length unknown: chunked transfer encoding): the middle of a blob once more than what
+        // passes before the hold went through.
+        let length = head.content_length();
+        let large = (head.method() == "PUT" && length >= BIG as u64)
+            || (head.method() == "PATCH" && (head.chunked() || length > HOLD_AT));
+        let mut hold = self.hold.lock().unwrap();
+        if large && *hold == Hold::Armed {
+            *hold = Hold::Holding;
+            return Verdict::Forward {
+                hold_at: Some(HOLD_AT),
+            };
+        }
+        Verdict::FORWARD
+    }
+
+    fn held(&self, _head: &RequestHead) {
+        self.changed.notify_all();
+        let hold = self.hold.lock().unwrap();
+        drop(
+            self.changed
+                .wait_while(hold, |h| *h == Hold::Holding)
+                .unwrap(),
+        );
+    }
+}
+
+/// A loopback proxy in front of the registry that holds the body of the first `PUT` of at
+/// least [`BIG`] bytes (or the first streamed `PATCH`) once [`HOLD_AT`] bytes of it went
+/// through, until [`HoldingProxy::release`].
 struct HoldingProxy {
     addr: SocketAddr,
     state: Arc<ProxyState>,
@@ -74,24 +101,16 @@ struct HoldingProxy {
 
 impl HoldingProxy {
     fn start(upstream: SocketAddr) -> HoldingProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(ProxyState {
             hold: Mutex::new(Hold::Armed),
             changed: Condvar::new(),
             requests: Mutex::new(Vec::new()),
         });
-        let shared = state.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { return };
-                let state = shared.clone();
-                std::thread::spawn(move || {
-                    let _ = forward(conn, upstream, &state);
-                });
-            }
-        });
-        HoldingProxy { addr, state }
+        let proxy = Proxy::start(upstream, state.clone());
+        HoldingProxy {
+            addr: proxy.addr(),
+            state,
+        }
     }
 
     /// Waits until the big blob's upload is held.
@@ -125,143 +144,11 @@ impl HoldingProxy {
     }
 }
 
-fn forward(mut client: TcpStream, upstream: SocketAddr, state: &ProxyState) -> std::io::Result<()> {
-    let mut body = BufReader::new(client.try_clone()?);
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        if body.read_until(b'\n', &mut head)? == 0 {
-            return Ok(());
-        }
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or_default().to_string();
-    state.requests.lock().unwrap().push(request_line.clone());
-    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-    let header = |name: &str| {
-        headers.iter().find_map(|h| {
-            let (k, v) = h.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    };
-    let length: u64 = header("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let chunked = header("transfer-encoding").is_some_and(|v| v.contains("chunked"));
-    let mut up = TcpStream::connect(upstream)?;
-    let mut forwarded = format!("{request_line}\r\n");
-    for h in &headers {
-        if !h.to_ascii_lowercase().starts_with("connection:") {
-            forwarded.push_str(h);
-            forwarded.push_str("\r\n");
-        }
-    }
-    forwarded.push_str("Connection: close\r\n\r\n");
-    up.write_all(forwarded.as_bytes())?;
-    // A PATCH is the body of a chunked upload (a classic layer streamed as it arrives, its
-    // length unknown: chunked transfer encoding): the middle of a blob once more than what
-    // passes before the hold went through.
-    let large = (request_line.starts_with("PUT ") && length >= BIG as u64)
-        || (request_line.starts_with("PATCH ") && (chunked || length > HOLD_AT));
-    let held = large && {
-        let mut hold = state.hold.lock().unwrap();
-        (*hold == Hold::Armed)
-            .then(|| *hold = Hold::Holding)
-            .is_some()
-    };
-    let hold_at = held.then_some(HOLD_AT);
-    if chunked {
-        copy_chunked(&mut body, &mut up, hold_at, state)?;
-    } else {
-        copy_body(&mut body, &mut up, length, hold_at, state)?;
-    }
-    std::io::copy(&mut up, &mut client)?;
-    let _ = client.shutdown(std::net::Shutdown::Both);
-    Ok(())
-}
-
-/// Holds the request until [`HoldingProxy::release`].
-fn hold(state: &ProxyState) {
-    state.changed.notify_all();
-    let hold = state.hold.lock().unwrap();
-    drop(
-        state
-            .changed
-            .wait_while(hold, |h| *h == Hold::Holding)
-            .unwrap(),
-    );
-}
-
-/// Copies `length` body bytes, held once `hold_at` of them went through (when it is within
-/// them).
-fn copy_body(
-    from: &mut impl Read,
-    to: &mut TcpStream,
-    length: u64,
-    hold_at: Option<u64>,
-    state: &ProxyState,
-) -> std::io::Result<()> {
-    match hold_at.filter(|at| *at <= length) {
-        Some(at) => {
-            std::io::copy(&mut from.by_ref().take(at), to)?;
-            hold(state);
-            std::io::copy(&mut from.by_ref().take(length - at), to)?;
-        }
-        None => {
-            std::io::copy(&mut from.by_ref().take(length), to)?;
-        }
-    }
-    Ok(())
-}
-
-/// Copies a chunked body (size lines, data, the last chunk and its trailer) as it is, held
-/// once `hold_at` data bytes went through.
-fn copy_chunked(
-    from: &mut BufReader<TcpStream>,
-    to: &mut TcpStream,
-    mut hold_at: Option<u64>,
-    state: &ProxyState,
-) -> std::io::Result<()> {
-    let mut line = Vec::new();
-    let mut line_of = |from: &mut BufReader<TcpStream>, to: &mut TcpStream| {
-        line.clear();
-        from.read_until(b'\n', &mut line)?;
-        to.write_all(&line)?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&line).trim().to_string())
-    };
-    loop {
-        let size = line_of(from, to)?;
-        let size = size.split(';').next().unwrap_or_default();
-        let size = u64::from_str_radix(size, 16)
-            .map_err(|e| std::io::Error::other(format!("chunk size {size:?}: {e}")))?;
-        if size == 0 {
-            // The trailer, up to its empty line.
-            while !line_of(from, to)?.is_empty() {}
-            return Ok(());
-        }
-        copy_body(from, to, size, hold_at, state)?;
-        hold_at = hold_at.filter(|at| *at > size).map(|at| at - size);
-        line_of(from, to)?;
-    }
-}
-
 // === helpers ===
 
 /// The image: one big layer, three small ones, and its config.
 fn image() -> TestImage {
     TestImage::random("1", &[BIG, 100_000, 100_001, 100_002])
-}
-
-fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
-    let path = dir.join("held.tar");
-    let out = skopeo_output(&[
-        "copy",
-        "--preserve-digests",
-        &image.oci_ref(),
-        &format!("oci-archive:{}:{}", path.display(), image.tag),
-    ]);
-    assert!(out.success(), "{out:?}");
-    std::fs::read(path).unwrap()
 }
 
 /// A receiver pushing through `proxy`, the whole file sent and complete accepted.
@@ -288,25 +175,6 @@ fn finished(r: &Receiver) -> Value {
     r.wait_status("the push to end", |s| {
         s["status"] == "completed" || s["status"] == "failed"
     })
-}
-
-/// skopeo pulls the tag back from the registry itself: every blob byte for byte.
-fn pulled_whole(reg: &Registry, image: &TestImage) {
-    let out = tempfile::tempdir().unwrap();
-    let got = skopeo_output(&[
-        "copy",
-        "--retry-times",
-        "0",
-        "--src-tls-verify=false",
-        &format!("docker://{}/{REPO}:1", reg.host()),
-        &format!("dir:{}", out.path().display()),
-    ]);
-    assert!(got.success(), "{got:?}");
-    for blob in image.blobs() {
-        let hex = blob.digest.strip_prefix("sha256:").unwrap();
-        let data = std::fs::read(out.path().join(hex)).unwrap();
-        assert!(data == blob.data, "{} differs", blob.digest);
-    }
 }
 
 fn big_digest(image: &TestImage) -> String {
@@ -372,7 +240,7 @@ fn status_shows_the_push_progress_while_it_runs() {
         serde_json::json!({"blobs": blobs, "blobs_pushed": blobs, "bytes": total, "bytes_pushed": total}),
         "{s}"
     );
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 #[test]
@@ -408,7 +276,7 @@ fn a_registry_restarted_mid_blob_gets_that_blob_again_from_its_start() {
         assert_eq!(proxy.count("PUT", &blob.digest), want, "{}", blob.digest);
     }
     assert_eq!(s["push"]["bytes_pushed"], total_bytes(&image), "{s}");
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 /// The same with the archive gzip'ed whole, whose blobs the follower pushes from its decoder
@@ -425,10 +293,11 @@ fn a_registry_restarted_mid_blob_of_a_gzip_archive_gets_that_blob_again_from_its
     let proxy = HoldingProxy::start(reg.addr());
     let image = image();
     let work = tempfile::tempdir().unwrap();
+    // Written to image.tar in the work dir, which gzip reads.
     oci_archive(&image, work.path());
     let gz = std::process::Command::new("gzip")
         .arg("-c")
-        .arg(work.path().join("held.tar"))
+        .arg(work.path().join("image.tar"))
         .output()
         .unwrap();
     assert!(gz.status.success());
@@ -475,7 +344,7 @@ fn a_registry_restarted_mid_blob_of_a_gzip_archive_gets_that_blob_again_from_its
     }
     assert_eq!(s["push"]["bytes_pushed"], total_bytes(&image), "{s}");
     assert_eq!(s["push"]["blobs_pushed"], s["push"]["blobs"], "{s}");
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 #[test]
@@ -510,7 +379,7 @@ fn a_receiver_killed_mid_blob_resumes_and_what_is_there_costs_a_head() {
             assert_eq!(proxy.count("HEAD", &blob.digest), 2, "{}", blob.digest);
         }
     }
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 /// The overlap rule on an upload that is then pushed: a chunk sent again with other bytes over
@@ -542,7 +411,7 @@ fn a_chunk_rewritten_with_other_bytes_changes_nothing_that_was_held() {
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 /// The same cut while the follower streams the big blob, before `complete`: the upload goes on,
@@ -597,7 +466,7 @@ fn a_registry_restarted_while_a_blob_streams_before_complete_gets_it_again() {
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     // Pushed once more, it would have been a second PUT after the retry's.
     assert_eq!(proxy.count("PUT", &big), 2);
-    pulled_whole(&reg, &image);
+    pulled_from(&reg, REPO, &image);
 }
 
 /// The same cut while the follower streams a classic layer as it arrives (`compress`: gzip'ed,
@@ -687,7 +556,7 @@ fn a_registry_restarted_while_a_classic_layer_streams_gets_it_again(compress: &s
     assert_eq!(s["push"]["bytes_pushed"], s["push"]["bytes"], "{s}");
     match compress {
         "gzip" => crate::stream::pulled_gzipped(&reg, REPO, &image),
-        _ => pulled_whole(&reg, &image),
+        _ => pulled_from(&reg, REPO, &image),
     }
 }
 

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use runr_testkit::oci::TestImage;
 use runr_testkit::token::{refusal_body, User, DETAIL_BAD_CREDENTIALS, DETAIL_NO_CREDENTIALS};
 use runr_testkit::tools::skopeo_output;
-use runr_testkit::{have_tool, TlsRegistry, TokenRegistry};
+use runr_testkit::{TlsRegistry, TokenRegistry};
 use serde_json::Value;
 
-use crate::support::Receiver;
+use crate::support::{oci_archive, pulled_whole, Receiver};
 
 const USER: &str = "runr";
 /// A blank and a colon: the password must reach the token service as it is.
@@ -20,26 +20,7 @@ const PASSWORD: &str = "s3cret pass:word";
 const REPO: &str = "runr-uploads/platform/app";
 
 fn tools() -> bool {
-    let ok = ["docker-registry", "skopeo", "openssl"]
-        .iter()
-        .all(|t| have_tool(t));
-    if !ok {
-        println!("skipping: docker-registry, skopeo or openssl is missing (.ci/run installs them)");
-    }
-    ok
-}
-
-/// `image` as an OCI archive (what `skopeo copy … oci-archive:` writes) in `dir`.
-fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
-    let path = dir.join("app.tar");
-    let out = skopeo_output(&[
-        "copy",
-        "--preserve-digests",
-        &image.oci_ref(),
-        &format!("oci-archive:{}:{}", path.display(), image.tag),
-    ]);
-    assert!(out.success(), "{out:?}");
-    std::fs::read(path).unwrap()
+    runr_testkit::tools_present(&["docker-registry", "skopeo", "openssl"])
 }
 
 /// Uploads `data` to a new receiver pushing to `target` with `env`, and waits for the end.
@@ -58,23 +39,6 @@ fn upload(work: &Path, data: &[u8], target: &str, env: &[(&str, &str)]) -> (Valu
         s["status"] == "completed" || s["status"] == "failed"
     });
     (s, r)
-}
-
-/// skopeo pulls `reference` into a dir: and every blob of `image` is in it.
-fn pulled_whole(reference: &str, image: &TestImage, args: &[&str]) {
-    let out_dir = tempfile::tempdir().unwrap();
-    let mut all = vec!["copy", "--retry-times", "0"];
-    all.extend_from_slice(args);
-    let src = format!("docker://{reference}");
-    let dest = format!("dir:{}", out_dir.path().display());
-    all.extend_from_slice(&[src.as_str(), dest.as_str()]);
-    let out = skopeo_output(&all);
-    assert!(out.success(), "{out:?}");
-    for blob in image.blobs() {
-        let hex = blob.digest.strip_prefix("sha256:").unwrap();
-        let got = std::fs::read(out_dir.path().join(hex)).unwrap();
-        assert!(got == blob.data, "{} differs", blob.digest);
-    }
 }
 
 #[test]

@@ -38,17 +38,13 @@ use runr_testkit::tools::skopeo_output;
 use runr_testkit::{have_tool, http_get_status, Registry};
 use serde_json::Value;
 
-use crate::support::{sha256_hex, Receiver};
+use crate::support::{oci_archive, pulled_from, sha256_hex, Receiver};
 
 /// Chunk size of these uploads: several chunks per large blob, so a blob streams across them.
 const CHUNK: usize = 1 << 20;
 
 fn tools() -> bool {
-    let ok = ["docker-registry", "skopeo"].iter().all(|t| have_tool(t));
-    if !ok {
-        println!("skipping: docker-registry or skopeo is missing (.ci/run installs them)");
-    }
-    ok
+    runr_testkit::tools_present(&["docker-registry", "skopeo"])
 }
 
 /// Two layers the follower streams (≥ 1 MiB) and one it leaves to the pass.
@@ -63,18 +59,6 @@ fn large(image: &TestImage) -> Vec<String> {
         .filter(|l| l.data.len() >= 1 << 20)
         .map(|l| l.digest.clone())
         .collect()
-}
-
-pub(crate) fn oci_archive(image: &TestImage, dir: &Path) -> Vec<u8> {
-    let path = dir.join("image.tar");
-    let out = skopeo_output(&[
-        "copy",
-        "--preserve-digests",
-        &image.oci_ref(),
-        &format!("oci-archive:{}:{}", path.display(), image.tag),
-    ]);
-    assert!(out.success(), "{out:?}");
-    std::fs::read(path).unwrap()
 }
 
 /// A classic `docker save` archive written the way Docker ≤ 24 orders it: each layer as
@@ -246,25 +230,6 @@ fn pushed_after_complete(
     s
 }
 
-/// skopeo pulls the tag back: every blob byte for byte.
-fn pulled_whole(reg: &Registry, repo: &str, image: &TestImage) {
-    let out = tempfile::tempdir().unwrap();
-    let got = skopeo_output(&[
-        "copy",
-        "--retry-times",
-        "0",
-        "--src-tls-verify=false",
-        &format!("docker://{}/{repo}:1", reg.host()),
-        &format!("dir:{}", out.path().display()),
-    ]);
-    assert!(got.success(), "{got:?}");
-    for blob in image.blobs() {
-        let hex = blob.digest.strip_prefix("sha256:").unwrap();
-        let data = std::fs::read(out.path().join(hex)).unwrap();
-        assert!(data == blob.data, "{} differs", blob.digest);
-    }
-}
-
 fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]) {
     let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
@@ -274,7 +239,7 @@ fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    pulled_whole(&reg, &repo, image);
+    pulled_from(&reg, &repo, image);
     let blobs = image.blobs().len() as u64;
     let bytes = image.blob_bytes();
     assert_eq!(
@@ -579,7 +544,7 @@ fn a_classic_layer_with_none_streams_from_its_first_byte() {
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
     let bytes = image.blob_bytes();
     assert_eq!(s["push"]["bytes_pushed"], bytes, "{s}");
     assert_eq!(s["push"]["bytes"], bytes, "{s}");
@@ -653,7 +618,7 @@ fn a_classic_archive_with_its_documents_first_is_pushed_by_diff_id_and_not_sent_
         let s = finished(&r);
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         assert_eq!(s["push"]["bytes_pushed"], s["push"]["bytes"], "{s}");
-        pulled_whole(&reg, repo, &image);
+        pulled_from(&reg, repo, &image);
     }
 }
 
@@ -696,7 +661,7 @@ fn a_chunk_rewritten_inside_a_streamed_layer_changes_nothing() {
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         match compress {
             "gzip" => pulled_gzipped(&reg, &repo, &image),
-            _ => pulled_whole(&reg, &repo, &image),
+            _ => pulled_from(&reg, &repo, &image),
         }
     }
 }
@@ -782,7 +747,7 @@ fn a_whole_compressed_archive_in_order_is_pushed_while_it_arrives(
     assert_eq!(push["bytes_pushed"], push["bytes"], "{s}");
     match mode {
         "gzip" => pulled_gzipped(&reg, &repo, &image),
-        _ => pulled_whole(&reg, &repo, &image),
+        _ => pulled_from(&reg, &repo, &image),
     }
     let today = pushed_after_complete(
         work.path(),
@@ -841,7 +806,7 @@ fn a_whole_gzip_archive_sent_last_chunk_first_is_pushed_after_complete() {
         "{log}"
     );
     assert!(!log.contains("indexed while it arrived"), "{log}");
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
 }
 
 #[test]
@@ -948,7 +913,7 @@ fn a_receiver_killed_while_a_compressed_archive_streams_follows_again_from_byte_
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["blobs_pushed"], s["push"]["blobs"], "{s}");
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
 }
 
 #[test]
@@ -984,7 +949,7 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     assert_eq!(r.complete().0, 202);
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
 }
 
 /// The same with a classic layer the follower pushes in a chunked upload (`compress`: as it is
@@ -1018,7 +983,7 @@ fn a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0(com
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     match compress {
         "gzip" => pulled_gzipped(&reg, &repo, &image),
-        _ => pulled_whole(&reg, &repo, &image),
+        _ => pulled_from(&reg, &repo, &image),
     }
 }
 
@@ -1090,7 +1055,7 @@ fn many_status_readers_during_the_push_see_monotone_progress() {
     }
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
 }
 
 /// Chunks in a shuffled order: the prefix grows in jumps, the follower takes what it reaches
@@ -1114,7 +1079,7 @@ fn a_shuffled_upload_is_pushed_whole() {
     let s = finished(&r);
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
-    pulled_whole(&reg, repo, &image);
+    pulled_from(&reg, repo, &image);
     let today = pushed_after_complete(
         work.path(),
         &reg,

@@ -19,6 +19,7 @@ pub mod oci;
 pub mod otlp;
 pub mod pki;
 pub mod prom;
+pub mod proxy;
 pub mod random;
 pub mod range_cache;
 pub mod redis;

@@ -229,3 +229,40 @@ pub fn json(resp: &Resp) -> (u16, Value) {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", resp.text()));
     (resp.status, value)
 }
+
+/// `image` as an `oci-archive` (what skopeo and buildah write), made by skopeo in `dir`.
+pub fn oci_archive(image: &runr_testkit::oci::TestImage, dir: &Path) -> Vec<u8> {
+    let path = dir.join("image.tar");
+    let out = runr_testkit::tools::skopeo_output(&[
+        "copy",
+        "--preserve-digests",
+        &image.oci_ref(),
+        &format!("oci-archive:{}:{}", path.display(), image.tag),
+    ]);
+    assert!(out.success(), "{out:?}");
+    std::fs::read(path).unwrap()
+}
+
+/// Pulls `reference` back with skopeo (`args` before the source: TLS and credential options)
+/// and checks every blob of `image` came back byte for byte.
+pub fn pulled_whole(reference: &str, image: &runr_testkit::oci::TestImage, args: &[&str]) {
+    let out_dir = tempfile::tempdir().unwrap();
+    let mut all = vec!["copy", "--retry-times", "0"];
+    all.extend_from_slice(args);
+    let src = format!("docker://{reference}");
+    let dest = format!("dir:{}", out_dir.path().display());
+    all.extend_from_slice(&[src.as_str(), dest.as_str()]);
+    let out = runr_testkit::tools::skopeo_output(&all);
+    assert!(out.success(), "{out:?}");
+    for blob in image.blobs() {
+        let hex = blob.digest.strip_prefix("sha256:").unwrap();
+        let got = std::fs::read(out_dir.path().join(hex)).unwrap();
+        assert!(got == blob.data, "{} differs", blob.digest);
+    }
+}
+
+/// [`pulled_whole`] of `repo:1` in the plain-HTTP test registry `reg`.
+pub fn pulled_from(reg: &runr_testkit::Registry, repo: &str, image: &runr_testkit::oci::TestImage) {
+    let reference = format!("{}/{repo}:1", reg.host());
+    pulled_whole(&reference, image, &["--src-tls-verify=false"]);
+}
