@@ -9,6 +9,7 @@ pub(crate) mod lines;
 pub(crate) mod prepared;
 pub(crate) mod reaper;
 pub(crate) mod result_fd;
+pub(crate) mod supervisor;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -363,6 +364,7 @@ mod tests {
 
         the_kernel_agrees_with_arg_limit().await;
         prepared_spawns_like_std().await;
+        supervisor::tests::with_real_children().await;
     }
 
     /// A child of [`prepared::spawn`]: its exit status, its output, its own group, E2BIG

@@ -17,8 +17,8 @@ use super::result::FunctionError;
 use super::slot::{Exited, Slot};
 use super::Shared;
 use crate::config::lambda::{LambdaConfig, DEFAULT_TZ};
-use crate::invoke::pool::{Backoff, STOP_GRACE};
 use crate::observe::logs::{HandlerLog, Stream};
+use crate::process::supervisor::{Backoff, STOP_GRACE};
 use crate::process::{self, Process};
 
 /// How long a runtime that reported an init error gets to exit by itself (awslambdaric exits
