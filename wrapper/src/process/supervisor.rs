@@ -180,6 +180,20 @@ impl<J> JobLine<J> {
             None => std::future::pending().await,
         }
     }
+
+    /// Hands every job waiting now to `each`, unless a child is waiting for one (then no job
+    /// waits); returns how many.
+    pub fn drain_now(&self, mut each: impl FnMut(J)) -> usize {
+        let Ok(mut rx) = self.rx.try_lock() else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Ok(job) = rx.try_recv() {
+            n += 1;
+            each(job);
+        }
+        n
+    }
 }
 
 /// What the probes ask of a set of slots: has each slot's child been ready once, and how many
@@ -1177,7 +1191,12 @@ pub(crate) mod tests {
         assert_eq!(line.next().await, 2);
         assert_eq!(line.next().await, 1);
 
-        // A child waiting for a job gets the next one pushed.
+        line.push(3);
+        line.push(4);
+        let mut drained = Vec::new();
+        assert_eq!(line.drain_now(|j| drained.push(j)), 2);
+        assert_eq!(drained, [3, 4]);
+        // A child waiting for a job holds the line: nothing waits, nothing is drained.
         let waiting = line.next();
         tokio::pin!(waiting);
         tokio::select! {
@@ -1186,6 +1205,7 @@ pub(crate) mod tests {
             () = std::future::ready(()) => {}
         }
         line.push(5);
+        assert_eq!(line.drain_now(|_| unreachable!()), 0);
         assert_eq!(waiting.await, 5);
     }
 
