@@ -2,7 +2,8 @@
 //! `RUNR_RESULT_FD=3`, a result pipe as its fd 3: [`result_fd`]), owned by a [`Process`] guard
 //! that kills the whole group when dropped before the process was reaped (a cancelled request
 //! leaves no strays). Exit statuses come from [`reaper`], the one place that reaps. The
-//! program's log lines go to our stderr through [`lines`].
+//! program's log lines go to our stderr through [`lines`]. Long-lived children (persistent
+//! mode's workers, lambda mode's runtimes) live under the one [`supervisor`].
 
 pub(crate) mod arg_limit;
 pub(crate) mod lines;

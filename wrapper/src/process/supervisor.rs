@@ -35,8 +35,9 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// SIGKILL.
 pub const RETIRE_GRACE: Duration = Duration::from_secs(5);
 
-/// One long-lived child as its mode drives it. Every future it returns is cancel-safe: the
-/// supervisor races them against each other, its stop and its timers.
+/// One long-lived child as its mode drives it. The futures of `ready`, `watch` and `wait` are
+/// cancel-safe (the supervisor races them against its stop, its timers and the job line);
+/// `serve` runs to its end.
 pub trait Child: Sized + Send + 'static {
     /// What waits in the [`JobLine`] for a child.
     type Job: Send + 'static;
@@ -59,8 +60,8 @@ pub trait Child: Sized + Send + 'static {
     /// Its process id.
     fn pid(&self) -> i32;
 
-    /// Resolves once it says it is ready (asked only with a ready wait, [`Settings::ready_wait`]).
-    /// `Err` with its exit status when it ended first.
+    /// Resolves once it says it is ready (asked only with [`Settings::ready_wait`]). `Err` with
+    /// its exit status when it ended first.
     fn ready(&mut self) -> impl Future<Output = Result<(), Exit>> + Send {
         async { Ok(()) }
     }
@@ -807,6 +808,17 @@ pub(crate) mod tests {
         takes_jobs: bool,
         ignores_sigterm: bool,
         exits_on_eof: bool,
+        on_job: OnJob,
+    }
+
+    /// What a fake child does with a job.
+    #[derive(Debug, Clone, Copy)]
+    enum OnJob {
+        Answer,
+        /// It exits before it reads the job, which goes to another child.
+        GiveBack,
+        /// It is killed for the job's timeout (a good run for the backoff).
+        TimesOut,
     }
 
     const PLAIN: Behaviour = Behaviour {
@@ -815,6 +827,7 @@ pub(crate) mod tests {
         takes_jobs: true,
         ignores_sigterm: false,
         exits_on_eof: false,
+        on_job: OnJob::Answer,
     };
 
     /// The fake children's spec: the n-th started behaves as `behaviours[n]` (the last one
@@ -892,10 +905,22 @@ pub(crate) mod tests {
             Watch::Ended
         }
 
-        async fn serve(&mut self, (n, reply): Job, _: &mut Serving<'_, Job>) -> Served {
-            self.script.record.add(Event::Served(self.id, n));
-            let _ = reply.send(self.id);
-            Served::Answered
+        async fn serve(&mut self, (n, reply): Job, cx: &mut Serving<'_, Job>) -> Served {
+            match self.b.on_job {
+                OnJob::Answer => {
+                    self.script.record.add(Event::Served(self.id, n));
+                    let _ = reply.send(self.id);
+                    return Served::Answered;
+                }
+                OnJob::GiveBack => cx.requeue((n, reply)),
+                // Its requester answers the timeout itself.
+                OnJob::TimesOut => drop(reply),
+            }
+            cx.leaving();
+            self.end(Exit::Signal(9));
+            Served::Ended {
+                good: matches!(self.b.on_job, OnJob::TimesOut),
+            }
         }
 
         fn signal(&mut self, signal: Signal) {
@@ -1011,6 +1036,32 @@ pub(crate) mod tests {
             "{:?}",
             script.record.events()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_child_that_ends_serving_gives_its_job_back_or_counts_as_a_good_run() {
+        let gives_back = Behaviour {
+            on_job: OnJob::GiveBack,
+            ..PLAIN
+        };
+        let times_out = Behaviour {
+            on_job: OnJob::TimesOut,
+            ..PLAIN
+        };
+        let script = fakes(vec![gives_back, gives_back, times_out, PLAIN]);
+        let line = Arc::new(JobLine::default());
+        let settings = one_slot();
+        let readiness = settings.readiness.clone().unwrap();
+        let (first, second) = (job(&line, 1), job(&line, 2));
+        let sup = Supervisor::start::<Fake>(settings, script.clone(), line);
+        script.record.until_started(4).await;
+        assert!(readiness.ready());
+        sup.stop().await;
+        // Job 1 went back behind job 2, job 2 behind job 1; then job 1 timed out.
+        assert!(first.await.is_err());
+        assert_eq!(second.await, Ok(3));
+        // 100 and 200 ms after quick failures; 100 after the timeout.
+        assert_eq!(script.record.starts(), [0, 100, 300, 400]);
     }
 
     #[tokio::test(start_paused = true)]

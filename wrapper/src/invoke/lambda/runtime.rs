@@ -1,8 +1,8 @@
 //! The runtime processes: what each is started with (the environment Lambda gives a runtime),
-//! and the runtime as a [supervised](crate::process::supervisor) child: it takes an invocation when its slot's state
-//! says it asks for one, its timeout kills its whole process group (as Lambda resets a
-//! sandbox), and it is restarted with the supervisor's backoff after it exits or reported an
-//! init error.
+//! and the runtime as a [supervised](crate::process::supervisor) child: it takes an invocation
+//! when its slot's state says it asks for one, its timeout kills its whole process group (as
+//! Lambda resets a sandbox), and it is restarted with the supervisor's backoff after it exits
+//! or reported an init error.
 
 use std::ffi::OsString;
 use std::io;
