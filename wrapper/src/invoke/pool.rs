@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use nix::sys::signal::Signal;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{code_dir, Ended, Outcome};
@@ -34,7 +34,7 @@ use crate::observe::logs::{HandlerLog, Tag};
 use crate::observe::metrics::{self, Held};
 use crate::process::reaper::Exit;
 use crate::process::supervisor::{
-    self, Child, JobLine, Readiness, Served, Serving, Settings, Supervisor, Watch,
+    self, Child, JobLine, Readiness, Sender, Served, Serving, Settings, Supervisor, Watch,
 };
 use crate::process::{self, Process};
 use exchange::{exchange, Exchange, Read, WorkerIo};
@@ -81,7 +81,7 @@ impl Drop for Leave {
 
 /// The worker pool.
 pub struct Pool {
-    queue: mpsc::UnboundedSender<Job>,
+    queue: Sender<Job>,
     supervisor: Supervisor,
     workers: usize,
     timeout: Duration,

@@ -40,7 +40,7 @@ use super::{Ended, Outcome, Started};
 use crate::config::{Config, Trigger};
 use crate::envelope::Request;
 use crate::observe::trace;
-use crate::process::supervisor::{JobLine, Readiness, Settings, Supervisor};
+use crate::process::supervisor::{JobLine, Readiness, Sender, Settings, Supervisor};
 use crate::response::{ErrorClass, Reply, OCTETS};
 use api::Api;
 use result::{FunctionError, Prelude};
@@ -136,7 +136,7 @@ enum Mapped {
 
 /// The lambda-mode invoker.
 pub struct Lambda {
-    queue: mpsc::UnboundedSender<Job>,
+    queue: Sender<Job>,
     shared: Arc<Shared>,
     supervisor: Supervisor,
     runtimes: usize,
