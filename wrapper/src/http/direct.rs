@@ -5,20 +5,18 @@
 
 use std::io;
 use std::process::{Command, ExitCode, Stdio};
-use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
 use crate::config::{Config, Mode};
 use crate::observe::logs::{self, HandlerLog, Stream};
 use crate::process::reaper::Exit;
+use crate::process::supervisor::STOP_GRACE;
 use crate::process::{self, Process};
 use crate::request::trigger::TriggerRule;
 
 /// Exit status when the program cannot be executed, as shells report it.
 pub const EXIT_CANNOT_EXEC: u8 = 127;
-/// How long a stopped server gets between SIGTERM and SIGKILL.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// True when `config` asks the wrapper to replace itself with the program: http mode with
 /// nothing to observe (tracing, replay and metrics need the observed proxy).

@@ -138,7 +138,7 @@ impl Invoker {
         inv.begin();
         let mut outcome = match self {
             Invoker::Exec(exec) => exec.invoke(&mut inv).await,
-            Invoker::Pool(pool) => pool.invoke(inv.request(), inv.deadline(), inv.tag()).await,
+            Invoker::Pool(pool) => pool.invoke(&mut inv).await,
             Invoker::Lambda(lambda) => lambda.invoke(&mut inv).await,
         };
         match outcome.stream.take() {

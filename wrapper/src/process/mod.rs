@@ -2,13 +2,15 @@
 //! `RUNR_RESULT_FD=3`, a result pipe as its fd 3: [`result_fd`]), owned by a [`Process`] guard
 //! that kills the whole group when dropped before the process was reaped (a cancelled request
 //! leaves no strays). Exit statuses come from [`reaper`], the one place that reaps. The
-//! program's log lines go to our stderr through [`lines`].
+//! program's log lines go to our stderr through [`lines`]. Long-lived children (persistent
+//! mode's workers, lambda mode's runtimes) live under the one [`supervisor`].
 
 pub(crate) mod arg_limit;
 pub(crate) mod lines;
 pub(crate) mod prepared;
 pub(crate) mod reaper;
 pub(crate) mod result_fd;
+pub(crate) mod supervisor;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -363,6 +365,7 @@ mod tests {
 
         the_kernel_agrees_with_arg_limit().await;
         prepared_spawns_like_std().await;
+        supervisor::tests::with_real_children().await;
     }
 
     /// A child of [`prepared::spawn`]: its exit status, its output, its own group, E2BIG

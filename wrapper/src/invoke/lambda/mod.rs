@@ -33,18 +33,19 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, StatusCode};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use tokio::sync::{mpsc, oneshot, watch, Mutex};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Ended, Invocation, Outcome};
 use crate::config::{Config, Trigger};
 use crate::observe::trace;
+use crate::process::supervisor::{JobLine, Readiness, Sender, Settings, Supervisor};
 use crate::request::Request;
 use crate::response::{ErrorClass, Reply, OCTETS};
 use api::Api;
 use result::{FunctionError, Prelude};
-use slot::{Chunk, Delivery, Failure, Hold, Job, Readiness, Slot, Streamed};
+use runtime::Runtime;
+use slot::{Chunk, Delivery, Failure, Hold, Job, Slot, Streamed};
 pub use stream::StreamedBody;
 
 /// Largest event and largest buffered response, as Lambda's synchronous invocations.
@@ -62,21 +63,14 @@ const MAX_CLIENT_CONTEXT: usize = 3583;
 
 /// What the slots share.
 pub struct Shared {
-    /// The invocations waiting for a runtime; a slot's supervisor takes one when its runtime
-    /// asks.
-    queue: Mutex<mpsc::UnboundedReceiver<Job>>,
-    /// Where an invocation a runtime never saw goes back to.
-    requeue: mpsc::UnboundedSender<Job>,
+    /// The invocations waiting for a runtime; a slot takes one when its runtime asks, and an
+    /// invocation a runtime never saw goes back.
+    line: Arc<JobLine<Job>>,
+    /// How many runtimes are ready (the slots' states count them).
     readiness: Arc<Readiness>,
 }
 
 impl Shared {
-    /// Queues `job` again (at the end: it keeps its deadline).
-    pub fn requeue(&self, job: Job) {
-        // The receiver lives as long as `self`.
-        let _ = self.requeue.send(job);
-    }
-
     /// A runtime failed to initialise: when no runtime is ready, the invocations waiting are
     /// answered with that error (as Lambda answers the invocation whose init failed) instead
     /// of waiting for their timeout; new ones wait for the restart.
@@ -84,15 +78,10 @@ impl Shared {
         if self.readiness.any() {
             return;
         }
-        // A slot that is pulling holds the lock, and a slot only pulls when it is ready.
-        let Ok(mut queue) = self.queue.try_lock() else {
-            return;
-        };
-        let mut failed = 0;
-        while let Ok(job) = queue.try_recv() {
-            failed += 1;
+        // A slot that is pulling holds the line, and a slot only pulls when it is ready.
+        let failed = self.line.drain_now(|job| {
             let _ = job.reply.send(Delivery::Failed(Failure::Init(err.clone())));
-        }
+        });
         if failed > 0 {
             tracing::warn!(
                 invocations = failed,
@@ -134,10 +123,9 @@ enum Mapped {
 
 /// The lambda-mode invoker.
 pub struct Lambda {
-    queue: mpsc::UnboundedSender<Job>,
+    queue: Sender<Job>,
     shared: Arc<Shared>,
-    stop: watch::Sender<bool>,
-    slots: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    supervisor: Supervisor,
     runtimes: usize,
     region: String,
     invoke_api: bool,
@@ -154,20 +142,11 @@ impl Lambda {
         };
         let arn = HeaderValue::from_str(&lc.function_arn())
             .map_err(|_| std::io::Error::other("the function ARN is not a valid header value"))?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let readiness = Arc::new(Readiness::default());
+        let line = Arc::new(JobLine::default());
+        let readiness = Arc::new(Readiness::new(config.workers));
         let shared = Arc::new(Shared {
-            queue: Mutex::new(rx),
-            requeue: tx.clone(),
+            line: line.clone(),
             readiness: readiness.clone(),
-        });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let spec = Arc::new(runtime::Spec {
-            command: config.command.clone(),
-            cwd: lc.task_root.clone(),
-            env: runtime::environment(lc, runtime::memory_mib()),
-            version: lc.function_version.clone(),
-            stop: stop_rx,
         });
         let mut slots = Vec::with_capacity(config.workers);
         for index in 0..config.workers {
@@ -193,13 +172,23 @@ impl Lambda {
                     service_fn(move |req| api::handle(api.clone(), req))
                 },
             ));
-            slots.push(tokio::spawn(runtime::run_slot(
-                slot,
-                shared.clone(),
-                spec.clone(),
-                addr.to_string(),
-            )));
+            slots.push((slot, addr.to_string()));
         }
+        let spec = Arc::new(runtime::Spec {
+            command: config.command.clone(),
+            cwd: lc.task_root.clone(),
+            env: runtime::environment(lc, runtime::memory_mib()),
+            version: lc.function_version.clone(),
+            slots,
+            shared: shared.clone(),
+        });
+        // The slots' states count the runtimes ready (at their first `/next`); a runtime
+        // has no ready wait and no recycling.
+        let settings = Settings {
+            slots: config.workers,
+            ..Settings::default()
+        };
+        let supervisor = Supervisor::start::<Runtime>(settings, spec, line.clone());
         tracing::info!(
             runtimes = config.workers,
             function = %lc.function_name,
@@ -208,10 +197,9 @@ impl Lambda {
             "serving the Lambda Runtime API"
         );
         Ok(Lambda {
-            queue: tx,
+            queue: line.sender(),
             shared,
-            stop: stop_tx,
-            slots: std::sync::Mutex::new(slots),
+            supervisor,
             runtimes: config.workers,
             region: lc.region.clone(),
             invoke_api: lc.invoke_api,
@@ -310,11 +298,7 @@ impl Lambda {
     /// Stops every runtime (SIGTERM to its group, SIGKILL after 5 s). Call after the server
     /// has drained.
     pub async fn shutdown(&self) {
-        let _ = self.stop.send(true);
-        let slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(|e| e.into_inner()));
-        for slot in slots {
-            let _ = slot.await;
-        }
+        self.supervisor.stop().await;
     }
 
     fn kind_of(&self, req: &Request) -> Kind {

@@ -1,24 +1,26 @@
 //! The runtime processes: what each is started with (the environment Lambda gives a runtime),
-//! and one supervisor task per slot that hands it invocations, enforces the timeout (the
-//! runtime's whole process group is killed, as Lambda resets a sandbox), and restarts it with
-//! persistent mode's backoff after it exits or reported an init error.
+//! and the runtime as a [supervised](crate::process::supervisor) child: it takes an invocation
+//! when its slot's state says it asks for one, its timeout kills its whole process group (as
+//! Lambda resets a sandbox), and it is restarted with the supervisor's backoff after it exits
+//! or reported an init error.
 
 use std::ffi::OsString;
+use std::io;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::result::FunctionError;
-use super::slot::{Exited, Slot};
+use super::slot::{Exited, Job, Slot};
 use super::Shared;
 use crate::config::lambda::{LambdaConfig, DEFAULT_TZ};
-use crate::invoke::pool::{Backoff, STOP_GRACE};
 use crate::observe::logs::{HandlerLog, Stream};
+use crate::process::reaper::Exit;
+use crate::process::supervisor::{Child, Served, Serving, Watch};
 use crate::process::{self, Process};
 
 /// How long a runtime that reported an init error gets to exit by itself (awslambdaric exits
@@ -37,8 +39,10 @@ pub struct Spec {
     pub env: Vec<(OsString, OsString)>,
     /// `AWS_LAMBDA_FUNCTION_VERSION`, for the log stream names.
     pub version: String,
-    /// Flips to `true` when the wrapper stops.
-    pub stop: watch::Receiver<bool>,
+    /// Each slot's state and its Runtime API address (`AWS_LAMBDA_RUNTIME_API`).
+    pub slots: Vec<(Arc<Slot>, String)>,
+    /// What the slots share.
+    pub shared: Arc<Shared>,
 }
 
 /// The variables Lambda documents for a runtime's environment, from `config`:
@@ -104,81 +108,75 @@ fn log_stream_name(version: &str) -> String {
     )
 }
 
-/// One slot's life: start the runtime, supervise it, restart it with backoff when it ends,
-/// until the wrapper stops.
-pub async fn run_slot(slot: Arc<Slot>, shared: Arc<Shared>, spec: Arc<Spec>, api: String) {
-    let mut backoff = Backoff::default();
-    let mut stop = spec.stop.clone();
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let started = Instant::now();
+/// A runtime process in its slot.
+pub struct Runtime {
+    proc: Process,
+    slot: Arc<Slot>,
+    shared: Arc<Shared>,
+}
+
+impl Child for Runtime {
+    type Job = Job;
+    type Spec = Spec;
+    const NAME: &'static str = "runtime";
+
+    fn command(spec: &Spec) -> &[String] {
+        &spec.command
+    }
+
+    fn start(spec: &Arc<Spec>, index: usize) -> io::Result<Runtime> {
+        let (slot, api) = &spec.slots[index];
         slot.started();
-        let served = match spawn(&slot, &spec, &api) {
-            Ok(proc) => supervise(&slot, &shared, proc, &mut stop).await,
-            Err(e) => {
-                tracing::error!(slot = slot.index, command = ?spec.command, error = %e, "runtime failed to start");
-                slot.exited(127);
-                let err = FunctionError::new(
-                    "Runtime.InvalidEntrypoint",
-                    format!("the runtime could not be started: {e}"),
-                );
-                shared.init_failed(&err);
-                false
-            }
-        };
-        if *stop.borrow() {
-            return;
+        let mut cmd = Command::new(&spec.command[0]);
+        cmd.args(&spec.command[1..])
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("AWS_LAMBDA_RUNTIME_API", api)
+            .env("AWS_LAMBDA_LOG_STREAM_NAME", log_stream_name(&spec.version))
+            .current_dir(&spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut proc = process::spawn(&mut cmd)?;
+        // A runtime logs on both; Lambda sends both to the function's logs.
+        if let Some(out) = proc.stdout.take() {
+            process::forward_lines(out, Stream::Stdout, HandlerLog::idle());
         }
-        let delay = backoff.delay(served, started.elapsed());
-        tracing::info!(
-            slot = slot.index,
-            delay_ms = delay.as_millis() as u64,
-            "restarting runtime"
+        if let Some(err) = proc.stderr.take() {
+            process::forward_lines(err, Stream::Stderr, HandlerLog::idle());
+        }
+        tracing::info!(slot = index, pid = proc.id(), api = %api, "runtime started");
+        Ok(Runtime {
+            proc,
+            slot: slot.clone(),
+            shared: spec.shared.clone(),
+        })
+    }
+
+    fn start_failed(spec: &Spec, index: usize, error: &io::Error) {
+        spec.slots[index].0.exited(127);
+        let err = FunctionError::new(
+            "Runtime.InvalidEntrypoint",
+            format!("the runtime could not be started: {error}"),
         );
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
-        }
+        spec.shared.init_failed(&err);
     }
-}
 
-fn spawn(slot: &Slot, spec: &Spec, api: &str) -> std::io::Result<Process> {
-    let mut cmd = Command::new(&spec.command[0]);
-    cmd.args(&spec.command[1..])
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .env("AWS_LAMBDA_RUNTIME_API", api)
-        .env("AWS_LAMBDA_LOG_STREAM_NAME", log_stream_name(&spec.version))
-        .current_dir(&spec.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut proc = process::spawn(&mut cmd)?;
-    // A runtime logs on both; Lambda sends both to the function's logs.
-    if let Some(out) = proc.stdout.take() {
-        process::forward_lines(out, Stream::Stdout, HandlerLog::idle());
+    fn pid(&self) -> i32 {
+        self.proc.id()
     }
-    if let Some(err) = proc.stderr.take() {
-        process::forward_lines(err, Stream::Stderr, HandlerLog::idle());
-    }
-    tracing::info!(slot = slot.index, pid = proc.id(), api = %api, "runtime started");
-    Ok(proc)
-}
 
-/// Feeds the runtime invocations until it exits or the wrapper stops; returns whether it got
-/// any (for the backoff).
-async fn supervise(
-    slot: &Slot,
-    shared: &Shared,
-    mut proc: Process,
-    stop: &mut watch::Receiver<bool>,
-) -> bool {
-    let mut served = false;
-    loop {
+    /// When its slot's state has a `/next` waiting.
+    fn wants_job(&self) -> bool {
+        self.slot.view().wants_job
+    }
+
+    /// Its exit, a state change of its slot, the timeout of its invocation, the grace after
+    /// its init error.
+    async fn watch(&mut self, cx: &mut Serving<'_, Job>) -> Watch {
+        let slot = &self.slot;
         let view = slot.view();
         tokio::select! {
-            exit = proc.wait() => {
+            exit = self.proc.wait() => {
                 tracing::warn!(slot = slot.index, status = exit.code(), "runtime exited");
                 match slot.exited(exit.code()) {
                     Exited::DuringInit => {
@@ -189,41 +187,51 @@ async fn supervise(
                                 exit.code()
                             ),
                         );
-                        shared.init_failed(&err);
+                        self.shared.init_failed(&err);
                     }
                     // Never seen by the runtime that exited: another one takes it.
-                    Exited::Undelivered(job) => shared.requeue(job),
+                    Exited::Undelivered(job) => cx.requeue(job),
                     Exited::Otherwise => {}
                 }
-                return served;
+                Watch::Ended
             }
-            () = slot.poke.notified() => {}
-            job = async { shared.queue.lock().await.recv().await }, if view.wants_job => match job {
-                Some(job) => served |= slot.assign(job),
-                // The sender went away with the invoker: nothing more will come.
-                None => {
-                    stop_runtime(slot, &mut proc).await;
-                    return served;
-                }
-            },
+            () = slot.poke.notified() => Watch::Continue,
             () = sleep_until(view.deadline), if view.deadline.is_some() => {
                 if slot.time_out() {
-                    tracing::warn!(slot = slot.index, pid = proc.id(), "runtime ran into the timeout; killing its process group");
-                    proc.signal_group(Signal::SIGKILL);
+                    tracing::warn!(slot = slot.index, pid = self.proc.id(), "runtime ran into the timeout; killing its process group");
+                    self.proc.signal_group(Signal::SIGKILL);
                 }
+                Watch::Continue
             }
             () = sleep_until(view.init_failed_at.map(|at| at + INIT_ERROR_GRACE)), if view.init_failed_at.is_some() => {
-                tracing::warn!(slot = slot.index, pid = proc.id(), "runtime did not exit after its init error; killing its process group");
-                proc.signal_group(Signal::SIGKILL);
-                let exit = proc.wait().await;
+                tracing::warn!(slot = slot.index, pid = self.proc.id(), "runtime did not exit after its init error; killing its process group");
+                self.proc.signal_group(Signal::SIGKILL);
+                let exit = self.proc.wait().await;
                 slot.exited(exit.code());
-                return served;
-            }
-            _ = stop.changed() => {
-                stop_runtime(slot, &mut proc).await;
-                return served;
+                Watch::Ended
             }
         }
+    }
+
+    /// Hands `job` to the runtime's waiting `/next`.
+    async fn serve(&mut self, job: Job, _: &mut Serving<'_, Job>) -> Served {
+        if self.slot.assign(job) {
+            Served::Answered
+        } else {
+            Served::Dropped
+        }
+    }
+
+    fn signal(&mut self, signal: Signal) {
+        self.proc.signal_group(signal);
+    }
+
+    async fn wait(&mut self) -> Exit {
+        self.proc.wait().await
+    }
+
+    fn stopped(&mut self, exit: Exit) {
+        self.slot.exited(exit.code());
     }
 }
 
@@ -232,23 +240,6 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// SIGTERM to the runtime's group, SIGKILL after [`STOP_GRACE`].
-async fn stop_runtime(slot: &Slot, proc: &mut Process) {
-    proc.signal_group(Signal::SIGTERM);
-    if tokio::time::timeout(STOP_GRACE, proc.wait()).await.is_err() {
-        tracing::warn!(
-            slot = slot.index,
-            pid = proc.id(),
-            "runtime ignored SIGTERM; killing it"
-        );
-        proc.signal_group(Signal::SIGKILL);
-        proc.wait().await;
-    }
-    let exit = proc.wait().await;
-    slot.exited(exit.code());
-    tracing::info!(slot = slot.index, "runtime stopped");
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@
 //! The state is behind a plain mutex, held only for a few field updates (never across an
 //! await): the API handlers and the slot's supervisor ([`super::runtime`]) share it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -21,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 
 use super::result::FunctionError;
+use crate::process::supervisor::Readiness;
 
 /// One invocation waiting for (or handed to) a runtime.
 #[derive(Debug)]
@@ -214,17 +214,6 @@ struct State {
     last_done: Option<Arc<str>>,
 }
 
-/// What the pool's slots share: how many runtimes are ready.
-#[derive(Debug, Default)]
-pub struct Readiness(AtomicUsize);
-
-impl Readiness {
-    /// True when at least one runtime asked for invocations and has not exited since.
-    pub fn any(&self) -> bool {
-        self.0.load(Ordering::SeqCst) > 0
-    }
-}
-
 /// The event a `/next` answers with.
 #[derive(Debug, Clone)]
 pub struct NextEvent {
@@ -315,12 +304,8 @@ impl Slot {
         let now = is_ready(&phase);
         st.phase = phase;
         match (was, now) {
-            (false, true) => {
-                self.readiness.0.fetch_add(1, Ordering::SeqCst);
-            }
-            (true, false) => {
-                self.readiness.0.fetch_sub(1, Ordering::SeqCst);
-            }
+            (false, true) => self.readiness.up(self.index),
+            (true, false) => self.readiness.down(),
             _ => {}
         }
     }
@@ -420,7 +405,7 @@ impl Slot {
         let mut st = self.lock();
         let old = std::mem::replace(&mut st.phase, Phase::Down);
         if is_ready(&old) {
-            self.readiness.0.fetch_sub(1, Ordering::SeqCst);
+            self.readiness.down();
         }
         drop(st);
         // Waiting `/next`s (of the dead process) see `Down` and end.
