@@ -7,10 +7,13 @@
 # start to exit against a listening server (hyperfine), and both stripped static binary sizes.
 #
 #   bash bench/proxy.sh            # DURATION=5 (seconds per wrk run)
+#   BEFORE=/path/to/older/runr-wrapper bash bench/proxy.sh   # that binary's observed proxy too,
+#                                    # in the same run, and its size
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5}
+BEFORE=${BEFORE:-}
 TARGET=x86_64-unknown-linux-musl
 OUT=bench/out
 mkdir -p "$OUT"
@@ -82,16 +85,27 @@ PORT=$TICK_PORT hyperfine -N --warmup 20 --runs 300 --export-json "$OUT/tick.jso
 TICK_MEDIAN=$(python3 -c "import json; r=json.load(open('$OUT/tick.json'))['results'][0]; print('%.2f %.2f' % (r['median']*1000, r['mean']*1000))")
 kill "$pid"; wait "$pid" 2>/dev/null || true
 
+observed() { # name binary
+  local p u pid
+  p=$(free_port)
+  u=$(free_port)
+  env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=http RUNR_TRACING=1 RUNR_UPSTREAM_PORT="$u" \
+    RUNR_COMMAND="$PWD/$BARE" "$2" >/dev/null 2>"$OUT/$1_access.log" &
+  pid=$!
+  run "$1" "$p" "$pid"
+  PEAK_RSS[$1]=$(awk '/VmHWM/ { print $2 }' /proc/"$pid"/status)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  LINES[$1]=$(grep -c 'trace_id=' "$OUT/$1_access.log" || true)
+}
+declare -A PEAK_RSS LINES
 echo "observed proxy ..." >&2
-p=$(free_port)
-u=$(free_port)
-env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=http RUNR_TRACING=1 RUNR_UPSTREAM_PORT="$u" \
-  RUNR_COMMAND="$PWD/$BARE" "$BIN" >/dev/null 2>"$OUT/proxy_access.log" &
-pid=$!
-run proxy "$p" "$pid"
-PEAK_RSS=$(awk '/VmHWM/ { print $2 }' /proc/"$pid"/status)
-kill "$pid"; wait "$pid" 2>/dev/null || true
-LINES=$(grep -c 'trace_id=' "$OUT/proxy_access.log" || true)
+observed proxy "$BIN"
+NAMES="direct proxy"
+if [ -n "$BEFORE" ]; then
+  echo "observed proxy, $BEFORE ..." >&2
+  observed before "$BEFORE"
+  NAMES="direct proxy before"
+fi
 
 size() { cp "$1" "$OUT/$(basename "$1").stripped" && strip "$OUT/$(basename "$1").stripped" && stat -c %s "$OUT/$(basename "$1").stripped"; }
 WSIZE=$(size "$BIN")
@@ -103,7 +117,7 @@ echo
 echo "observed proxy benchmark  $(date -u +%FT%TZ)  $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "wrk -t1, ${DURATION}s per cell, 100-byte POSTs; upstream: bare hyper echo (current-thread tokio)"
 printf '\n%-8s %4s %10s %9s %9s %16s\n' path conc req/s p50_ms p99_ms wrapper_cpu_us/req
-for name in direct proxy; do
+for name in $NAMES; do
   for c in 1 8 64; do
     cpu=${CPU[$name,$c]}
     [ "$name" = direct ] && cpu="-"
@@ -117,8 +131,18 @@ for c in 1 8 64; do
     -v pr="${RPS[proxy,$c]}" -v dr="${RPS[direct,$c]}" -v c="$c" \
     'BEGIN { printf "proxy c%-2s: %+d us p50, %+d us p99, %.2fx of direct req/s\n", c, p - d, q - e, pr / dr }'
 done
-printf 'access lines written: %s; proxy peak RSS: %s KiB\n' "$LINES" "$PEAK_RSS"
+if [ -n "$BEFORE" ]; then
+  for c in 1 8 64; do
+    awk -v a="${CPU[proxy,$c]}" -v b="${CPU[before,$c]}" -v c="$c" \
+      'BEGIN { printf "proxy c%-2s: wrapper CPU per request %.1f us, before %.1f us (%.2fx)\n", c, a, b, a / b }'
+  done
+fi
+printf 'access lines written: %s; proxy peak RSS: %s KiB\n' "${LINES[proxy]}" "${PEAK_RSS[proxy]}"
 read -r tmed tmean <<<"$TICK_MEDIAN"
 printf 'runr-tick start to exit against a listening server: median %s ms, mean %s ms (hyperfine -N, 300 runs)\n' "$tmed" "$tmean"
 printf 'runr-wrapper: %s bytes stripped (%s MiB), %s\n' "$WSIZE" "$(awk -v s="$WSIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$(static "$BIN")"
+if [ -n "$BEFORE" ]; then
+  BSIZE=$(size "$BEFORE")
+  printf 'runr-wrapper before: %s bytes stripped (%+d)\n' "$BSIZE" "$((WSIZE - BSIZE))"
+fi
 printf 'runr-tick:    %s bytes stripped (%s MiB), %s\n' "$TSIZE" "$(awk -v s="$TSIZE" 'BEGIN { printf "%.2f", s / 1048576 }')" "$(static "$TICK")"
