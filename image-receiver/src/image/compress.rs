@@ -4,8 +4,9 @@
 //! other compressions are recognised by their magic ([`recognise`]) to say what the file is.
 //!
 //! - Layers are compressed into an unlinked temporary file in `RUNR_UPLOAD_DIR`: 1 MiB blocks,
-//!   two at a time on two threads, each an independent gzip member (a multi-member stream, which
-//!   every gzip reader, Go's included, reads as one); blocks that do not compress are stored.
+//!   two at a time on the two threads of the process's one compressor (one layer at a time,
+//!   whoever asks), each an independent gzip member (a multi-member stream, which every gzip
+//!   reader, Go's included, reads as one); blocks that do not compress are stored.
 //!   The file is then pushed like any blob, so its digest is known before the push (HEAD-skip,
 //!   monolithic PUT). From a compressed archive nothing is written: the index pass runs the same
 //!   compressor over the layer only to learn the digest and size ([`gzip_layer_digests`]), and
@@ -139,67 +140,138 @@ pub fn gzip_layer_digests(
 /// gzip's the `len` bytes of `reader` (a layer called `name`) into members of [`GZIP_BLOCK`]
 /// input each, handing each to `out` in order; returns the SHA-256 of the input (its diff_id).
 /// The output depends only on the input: the same layer makes the same blob every time.
+///
+/// Runs on the process's one [`Compressor`], waiting for it while another layer has it: one
+/// layer is gzip'ed at a time, whoever asks (the follower, the pass, the index walk).
 pub fn gzip_blocks(
-    mut reader: impl Read,
+    reader: impl Read,
     len: u64,
     name: &str,
-    mut out: impl FnMut(&[u8]) -> Result<(), LayerError>,
+    out: impl FnMut(&[u8]) -> Result<(), LayerError>,
 ) -> Result<String, LayerError> {
-    let io_err = |what: String, source: io::Error| LayerError::Io {
-        what,
-        name: name.to_string(),
-        source,
+    let mut held = COMPRESSOR.lock().unwrap_or_else(|e| e.into_inner());
+    // Out of its place while it runs: a compression that panics drops it (its threads end),
+    // and the next one starts a new one.
+    let mut compressor = match held.take() {
+        Some(c) => c,
+        None => Compressor::start().map_err(|source| LayerError::Io {
+            what: "starting the compressor's threads".into(),
+            name: name.to_string(),
+            source,
+        })?,
     };
-    let mut remaining = len;
-    let mut raw = Sha256Hasher::new();
-    // Two workers for the whole layer, block k on worker k % 2, each handed back its input and
-    // output buffers with the member: four buffers per layer, allocated once, and two threads
-    // rather than two per block (threads and fresh buffers each cost memory of their own).
-    std::thread::scope(|s| -> Result<(), LayerError> {
-        let mut workers = Vec::with_capacity(2);
-        for _ in 0..2 {
-            let (to, inbox) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
-            let (done, back) = std::sync::mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
-            s.spawn(move || {
-                for (block, mut member) in inbox {
-                    gzip_member_into(&block, &mut member);
-                    if done.send((block, member)).is_err() {
+    let made = compressor.run(reader, len, name, out);
+    *held = Some(compressor);
+    made
+}
+
+/// The process's gzip compressor, made by the first compression and then kept: every layer
+/// after it is gzip'ed on the same two threads with the same buffers (two blocks of input, and
+/// two members for what deflates), so compressing more layers, or retrying one, costs no more
+/// memory (threads and buffers made anew for each layer would land in other allocator arenas,
+/// each keeping what it once held).
+static COMPRESSOR: std::sync::Mutex<Option<Compressor>> = std::sync::Mutex::new(None);
+
+/// Two worker threads, block k of a layer on worker k % 2; each is handed its input and output
+/// buffers with a block and hands them back with the member (in the output buffer, or in the
+/// input buffer when it is stored: see [`gzip_member_in`]).
+struct Compressor {
+    workers: [Worker; 2],
+}
+
+/// A worker's buffers: `(block, member)`.
+type Buffers = (Vec<u8>, Vec<u8>);
+
+struct Worker {
+    to: std::sync::mpsc::SyncSender<Buffers>,
+    /// The buffers back, and whether the member is in the block's.
+    back: std::sync::mpsc::Receiver<(Buffers, bool)>,
+    /// Its buffers while it is idle.
+    spare: Option<Buffers>,
+}
+
+impl Worker {
+    fn start() -> io::Result<Worker> {
+        let (to, inbox) = std::sync::mpsc::sync_channel::<Buffers>(1);
+        let (done, back) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("gzip".into())
+            .spawn(move || {
+                for (mut block, mut member) in inbox {
+                    let stored = gzip_member_in(&mut block, &mut member);
+                    if done.send(((block, member), stored)).is_err() {
                         return;
                     }
                 }
-            });
-            workers.push((to, back, Some((Vec::new(), Vec::new()))));
-        }
-        let mut in_flight = std::collections::VecDeque::new();
+            })?;
+        Ok(Worker {
+            to,
+            back,
+            spare: Some((Vec::with_capacity(GZIP_BLOCK + STORED_ROOM), Vec::new())),
+        })
+    }
+}
+
+impl Compressor {
+    fn start() -> io::Result<Compressor> {
+        Ok(Compressor {
+            workers: [Worker::start()?, Worker::start()?],
+        })
+    }
+
+    /// [`gzip_blocks`] on these workers. Whatever fails, every block handed out is taken back
+    /// before it returns: the workers are idle with their buffers for the next layer.
+    fn run(
+        &mut self,
+        mut reader: impl Read,
+        len: u64,
+        name: &str,
+        mut out: impl FnMut(&[u8]) -> Result<(), LayerError>,
+    ) -> Result<String, LayerError> {
+        let mut remaining = len;
+        let mut raw = Sha256Hasher::new();
+        let mut failed = None;
+        let mut in_flight = std::collections::VecDeque::with_capacity(2);
         let mut next = 0usize;
         let mut first = true;
         loop {
             // Keep both workers busy while there is input (an empty layer still gets one
             // member: a gzip stream of nothing).
-            while in_flight.len() < 2 && (remaining > 0 || first) {
+            while failed.is_none() && in_flight.len() < 2 && (remaining > 0 || first) {
                 first = false;
-                let (to, _, spare) = &mut workers[next];
-                let (mut block, member) = spare.take().expect("an idle worker has its buffers");
+                let worker = &mut self.workers[next];
+                let (mut block, member) =
+                    worker.spare.take().expect("an idle worker has its buffers");
                 block.resize((GZIP_BLOCK as u64).min(remaining) as usize, 0);
-                reader
-                    .read_exact(&mut block)
-                    .map_err(|e| io_err("reading the archive".into(), e))?;
+                if let Err(source) = reader.read_exact(&mut block) {
+                    worker.spare = Some((block, member));
+                    failed = Some(LayerError::Io {
+                        what: "reading the archive".into(),
+                        name: name.to_string(),
+                        source,
+                    });
+                    break;
+                }
                 remaining -= block.len() as u64;
                 raw.update(&block);
-                to.send((block, member)).expect("gzip worker");
+                worker.to.send((block, member)).expect("gzip worker");
                 in_flight.push_back(next);
                 next = (next + 1) % 2;
             }
             let Some(w) = in_flight.pop_front() else {
                 break;
             };
-            let (block, member) = workers[w].1.recv().expect("gzip worker");
-            out(&member)?;
-            workers[w].2 = Some((block, member));
+            let ((block, member), stored) = self.workers[w].back.recv().expect("gzip worker");
+            if failed.is_none() {
+                failed = out(if stored { &block } else { &member }).err();
+            }
+            self.workers[w].spare = Some((block, member));
         }
-        Ok(())
-    })?;
-    Ok(raw.finish())
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(raw.finish()),
+        }
+    }
 }
 
 /// sha256 of a gzip'ed span (its blob digest) and of what it decompresses to (its diff_id),
@@ -802,21 +874,29 @@ fn create_unlinked(path: &Path) -> io::Result<File> {
 /// deflating them costs a core for nothing).
 #[cfg(test)]
 fn gzip_member(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    gzip_member_into(data, &mut out);
-    out
+    let (mut block, mut member) = (data.to_vec(), Vec::new());
+    match gzip_member_in(&mut block, &mut member) {
+        true => block,
+        false => member,
+    }
 }
 
-/// [`gzip_member`] into `out` (emptied first, its capacity reused).
-fn gzip_member_into(data: &[u8], out: &mut Vec<u8>) {
-    out.clear();
-    if !compresses(&data[..data.len().min(SAMPLE)]) {
-        gzip_stored_into(data, out);
-        return;
+/// [`gzip_member`] of the input in `block`: deflated into `member` (emptied first, its capacity
+/// reused), or stored in `block` itself, so that what does not shrink needs no second buffer.
+/// True when the member is in `block`.
+fn gzip_member_in(block: &mut Vec<u8>, member: &mut Vec<u8>) -> bool {
+    if !compresses(&block[..block.len().min(SAMPLE)]) {
+        gzip_stored_in_place(block);
+        return true;
     }
-    let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::fast());
-    enc.write_all(data).expect("write to memory");
+    member.clear();
+    // Room for a block that barely compresses (deflate falls back to stored blocks, a few
+    // bytes each), so that the member never grows by doubling past it.
+    member.reserve(block.len() + block.len() / 256 + 64);
+    let mut enc = flate2::write::GzEncoder::new(member, flate2::Compression::fast());
+    enc.write_all(block).expect("write to memory");
     enc.finish().expect("finish in memory");
+    false
 }
 
 /// A gzip member of stored (uncompressed) deflate blocks, RFC 1952 around RFC 1951 §3.2.4.
@@ -824,33 +904,43 @@ fn gzip_member_into(data: &[u8], out: &mut Vec<u8>) {
 /// copy and a CRC.
 #[cfg(test)]
 fn gzip_stored(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    gzip_stored_into(data, &mut out);
+    let mut out = data.to_vec();
+    gzip_stored_in_place(&mut out);
     out
 }
 
-/// [`gzip_stored`] appended to `out`.
-fn gzip_stored_into(data: &[u8], out: &mut Vec<u8>) {
-    const MAX_STORED: usize = 65_535;
-    out.reserve(data.len() + data.len() / MAX_STORED * 5 + 32);
-    // Magic, deflate, no flags, no mtime, no extra flags, OS unknown.
-    out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255]);
-    let mut blocks = data.chunks(MAX_STORED).peekable();
-    if blocks.peek().is_none() {
-        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
-    }
-    while let Some(block) = blocks.next() {
-        let last = blocks.peek().is_none();
-        let len = block.len() as u16;
-        out.push(u8::from(last));
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&(!len).to_le_bytes());
-        out.extend_from_slice(block);
-    }
+/// Longest stored deflate block.
+const MAX_STORED: usize = 65_535;
+
+/// What a member of stored blocks adds to a [`GZIP_BLOCK`] of input: its header and trailer,
+/// and each stored block's header.
+const STORED_ROOM: usize = 18 + 5 * (GZIP_BLOCK / MAX_STORED + 1);
+
+/// [`gzip_stored`] of the bytes in `buf`, made in `buf`: each stored block moves right past
+/// the headers before it.
+fn gzip_stored_in_place(buf: &mut Vec<u8>) {
+    let len = buf.len();
     let mut crc = flate2::Crc::new();
-    crc.update(data);
-    out.extend_from_slice(&crc.sum().to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    crc.update(buf);
+    // An empty input is one empty final block.
+    let blocks = len.div_ceil(MAX_STORED).max(1);
+    let total = 10 + 5 * blocks + len + 8;
+    buf.resize(total, 0);
+    // From the last block to the first: a block's new place is right of its old one and left
+    // of where the block after it went, and its header lands on bytes already moved.
+    for i in (0..blocks).rev() {
+        let from = i * MAX_STORED;
+        let n = (len - from).min(MAX_STORED);
+        let at = 10 + 5 * (i + 1) + from;
+        buf.copy_within(from..from + n, at);
+        buf[at - 5] = u8::from(i + 1 == blocks);
+        buf[at - 4..at - 2].copy_from_slice(&(n as u16).to_le_bytes());
+        buf[at - 2..at].copy_from_slice(&(!(n as u16)).to_le_bytes());
+    }
+    // Magic, deflate, no flags, no mtime, no extra flags, OS unknown.
+    buf[..10].copy_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255]);
+    buf[total - 8..total - 4].copy_from_slice(&crc.sum().to_le_bytes());
+    buf[total - 4..].copy_from_slice(&(len as u32).to_le_bytes());
 }
 
 /// Bytes of a block tried first to decide how to compress it (1.6 % of a block: deflating the
@@ -1050,5 +1140,97 @@ mod tests {
             .read_to_end(&mut back)
             .unwrap();
         assert_eq!(back, [&text[..], &noise[..], &text[..70_000]].concat());
+    }
+
+    #[test]
+    fn a_stored_member_is_made_in_its_block_without_growing_it() {
+        // Its bytes: header, one final block of three bytes, CRC-32 and length.
+        let mut crc = flate2::Crc::new();
+        crc.update(b"abc");
+        let want = [
+            &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255, 1, 3, 0, 0xfc, 0xff][..],
+            b"abc",
+            &crc.sum().to_le_bytes(),
+            &[3, 0, 0, 0],
+        ]
+        .concat();
+        assert_eq!(gzip_stored(b"abc"), want);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let data: Vec<u8> = (0..GZIP_BLOCK)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        let edges = [
+            0,
+            1,
+            MAX_STORED - 1,
+            MAX_STORED,
+            MAX_STORED + 1,
+            2 * MAX_STORED,
+        ];
+        for len in edges.into_iter().chain([GZIP_BLOCK - 1, GZIP_BLOCK]) {
+            let mut block = Vec::with_capacity(GZIP_BLOCK + STORED_ROOM);
+            block.extend_from_slice(&data[..len]);
+            let room = block.capacity();
+            gzip_stored_in_place(&mut block);
+            assert_eq!(block.capacity(), room, "{len}: grown");
+            assert_eq!(block.len(), 18 + 5 * len.div_ceil(MAX_STORED).max(1) + len);
+            let mut back = Vec::new();
+            flate2::read::GzDecoder::new(&block[..])
+                .read_to_end(&mut back)
+                .unwrap();
+            assert!(back == data[..len], "{len}");
+        }
+    }
+
+    #[test]
+    fn the_compressor_is_whole_again_after_a_layer_that_failed() {
+        let data: Vec<u8> = sample()
+            .into_iter()
+            .cycle()
+            .take(3 * GZIP_BLOCK + 5)
+            .collect();
+        let len = data.len() as u64;
+        let gzip = |reader: &[u8]| {
+            let mut blob = Vec::new();
+            let diff_id = gzip_blocks(reader, len, "l", |m| {
+                blob.extend_from_slice(m);
+                Ok(())
+            })
+            .unwrap();
+            (diff_id, blob)
+        };
+        let first = gzip(&data);
+        // The file ends part way: blocks are out on both workers.
+        let short = &data[..2 * GZIP_BLOCK + 10];
+        let err = gzip_blocks(short, len, "l", |_| Ok(())).unwrap_err();
+        assert!(matches!(err, LayerError::Io { .. }), "{err}");
+        // The request goes away at the second member.
+        let mut members = 0;
+        let err = gzip_blocks(&data[..], len, "l", |_| {
+            members += 1;
+            match members {
+                2 => Err(LayerError::Io {
+                    what: "sending".into(),
+                    name: "l".into(),
+                    source: io::Error::other("gone"),
+                }),
+                _ => Ok(()),
+            }
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("gone"), "{err}");
+        assert_eq!(members, 2);
+        let again = gzip(&data);
+        assert!(again == first, "the same layer, the same blob");
+        let mut back = Vec::new();
+        flate2::read::MultiGzDecoder::new(&again.1[..])
+            .read_to_end(&mut back)
+            .unwrap();
+        assert!(back == data);
     }
 }

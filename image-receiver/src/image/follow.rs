@@ -67,7 +67,9 @@ use crate::progress::Progress;
 /// and the JSON documents of an archive (configs, manifests, indexes) are all below it.
 pub const STREAM_MIN: u64 = 1 << 20;
 
-/// Classic layers gzip'ed at once (the follower's and the pass's together).
+/// Classic layers gzip'ed at once (the follower's and the pass's together): the process has
+/// one compressor ([`compress::gzip_blocks`]), and a layer waits for its turn here rather than
+/// on a blocking thread.
 const GZIP_CONCURRENCY: usize = 1;
 
 /// What one claim of a blob by the pass found.
@@ -157,9 +159,8 @@ impl Claims {
 pub struct Streamed {
     prefix: Arc<Prefix>,
     claims: Mutex<Claims>,
-    /// Classic layers gzip'ed at once, by the follower and the pass together: each compression
-    /// takes both cores and holds its buffers, so one that overlaps the pass's would only add
-    /// memory (64 concurrent chunks then the push went past 64 MiB RSS).
+    /// Classic layers gzip'ed at once, by the follower and the pass together: a compression
+    /// takes both cores, and the one compressor serves one layer at a time.
     gzip: Arc<tokio::sync::Semaphore>,
 }
 

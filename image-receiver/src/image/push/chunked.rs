@@ -26,7 +26,8 @@ use runr_registry::oci_client::errors::OciDistributionError;
 use runr_registry::reqwest::{self, header, StatusCode};
 use runr_registry::Sha256Hasher;
 
-use super::{stream_error, Attempt, Follow, PushError, Pusher, Sent, BLOCK};
+use super::pieces::{self, Pieces};
+use super::{Attempt, Follow, PushError, Pusher, Sent, BLOCK};
 use crate::image::compress::{self, Compress};
 use crate::image::span::Span;
 use crate::prefix::FollowReader;
@@ -194,11 +195,11 @@ impl Pusher {
 
 /// The body of one attempt and its outcome: a blocking thread reads `span` of `file` behind the
 /// prefix ([`BLOCK`] at a time, hashed) or gzip's it ([`compress::gzip_blocks`]: one member per
-/// 1 MiB of input), and hands each piece to the request body through a channel of one (bounded
-/// memory whatever the registry's pace: a piece being made, one waiting, one being sent). It
-/// records the outcome before it drops its end of the channel, so the body ends, and the
-/// commit is sent, only once the digest is known; a failure ends the body with an error, so the
-/// session is never committed.
+/// 1 MiB of input), and hands each piece to the request body through a channel of one, in the
+/// body's two buffers ([`Pieces`]: bounded memory whatever the registry's pace, one piece being
+/// made while the other is sent). It records the outcome before it drops its end of the
+/// channel, so the body ends, and the commit is sent, only once the digest is known; a failure
+/// ends the body with an error, so the session is never committed.
 fn arriving(
     file: Arc<File>,
     span: Span,
@@ -218,19 +219,19 @@ fn arriving(
             generation,
             span.offset.saturating_add(span.len),
         );
+        let mut pieces = Pieces::new();
         // Set when the request is gone: the attempt failed already, nothing to record.
         let mut gone = false;
         let mut send = |piece: Bytes| -> bool {
-            sent.add(piece.len() as u64);
             gone = tx.blocking_send(Ok(piece)).is_err();
             !gone
         };
         let made = match reader.seek(std::io::SeekFrom::Start(span.offset)) {
             Err(e) => Err(format!("reading layer {what}: {e}")),
             Ok(_) => match compress {
-                Compress::None => as_it_is(&mut reader, span.len, &mut send)
+                Compress::None => as_it_is(&mut reader, span.len, &mut pieces, &mut send)
                     .map_err(|e| format!("reading layer {what}: {e}")),
-                Compress::Gzip => gzipped(&mut reader, span.len, &what, &mut send),
+                Compress::Gzip => gzipped(&mut reader, span.len, &what, &mut pieces, &mut send),
             },
         };
         match made {
@@ -243,27 +244,25 @@ fn arriving(
             }
         }
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        let piece = rx.recv().await?.map_err(|why| stream_error(&why));
-        Some((piece, rx))
-    });
-    (reqwest::Body::wrap_stream(body), outcome)
+    (reqwest::Body::wrap_stream(pieces::body(rx, sent)), outcome)
 }
 
 /// The `len` bytes of `reader` in [`BLOCK`]s, hashed; `None` when `send` found the request gone.
 fn as_it_is(
     reader: &mut FollowReader,
     len: u64,
+    pieces: &mut Pieces,
     send: &mut impl FnMut(Bytes) -> bool,
 ) -> std::io::Result<Option<compress::Made>> {
     let mut hasher = Sha256Hasher::new();
     let mut left = len;
     while left > 0 {
-        let mut block = vec![0u8; usize::try_from(left).map_or(BLOCK, |l| l.min(BLOCK))];
+        let mut block = pieces.take();
+        block.resize(usize::try_from(left).map_or(BLOCK, |l| l.min(BLOCK)), 0);
         reader.read_exact(&mut block)?;
         hasher.update(&block);
         left -= block.len() as u64;
-        if !send(Bytes::from(block)) {
+        if !send(pieces.piece(block)) {
             return Ok(None);
         }
     }
@@ -277,6 +276,7 @@ fn gzipped(
     reader: &mut FollowReader,
     len: u64,
     what: &str,
+    pieces: &mut Pieces,
     send: &mut impl FnMut(Bytes) -> bool,
 ) -> Result<Option<compress::Made>, String> {
     let mut packed = Sha256Hasher::new();
@@ -285,7 +285,7 @@ fn gzipped(
     let diff_id = compress::gzip_blocks(reader.take(len), len, what, |member| {
         packed.update(member);
         size += member.len() as u64;
-        if send(Bytes::copy_from_slice(member)) {
+        if pieces.write(member, send) {
             Ok(())
         } else {
             gone = true;
@@ -297,6 +297,7 @@ fn gzipped(
         }
     });
     match diff_id {
+        Ok(_) if !pieces.flush(send) => Ok(None),
         Ok(diff_id) => Ok(Some((diff_id, packed.finish(), size))),
         Err(_) if gone => Ok(None),
         Err(e) => Err(e.to_string()),

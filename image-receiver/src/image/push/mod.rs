@@ -13,7 +13,7 @@
 //! - Blobs stream from their offsets in the archive in one monolithic `PUT` each (a second
 //!   oci-client with `use_monolithic_push`: the chunked mode PATCHes 4 MiB at a time, a size
 //!   oci-client fixes, and the distribution registry pays per PATCH — ~2.5× slower on 1 GiB).
-//!   Never whole in memory: 1 MiB reads feed the request body. The stream hashes what it sends
+//!   Never whole in memory: 256 KiB reads feed the request body. The stream hashes what it sends
 //!   and fails before the upload is committed when the bytes do not match the digest, so a
 //!   damaged file is reported in its own terms and nothing wrong lands in the registry.
 //! - Uncompressed classic layers are gzip'ed first (see `compress`), then pushed like any blob;
@@ -50,16 +50,19 @@ use crate::prefix::Prefix;
 use crate::progress::Progress;
 
 mod chunked;
+mod pieces;
 mod teed;
 
+use pieces::Pieces;
 pub use teed::{Fed, Feed};
 
 /// Attempts after the first for a transient failure.
 pub const RETRIES: u32 = 3;
 /// Bytes read (and sent) per step. One request body per blob (monolithic PUT): the size only
-/// sets how much memory each blob in flight holds (a read block, and what hyper has not
-/// written to the socket yet).
-const BLOCK: usize = 1 << 20;
+/// sets how much memory each blob in flight holds (a block being read or made, and what hyper
+/// has not written to the socket yet: it asks for more while it holds less than its buffer's
+/// ~400 KiB, so a bigger block only waits in memory).
+const BLOCK: usize = 256 << 10;
 /// Longest wait for each of the two requests of the token flow (their answers are small).
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Seen in the registry's logs.
@@ -779,33 +782,38 @@ fn span_stream(
     })
 }
 
-/// The gzip members of `span` of `file` as they are made (two blocks in flight, on a blocking
-/// thread): the request body of [`Pusher::push_gzipping`]. A failure to read ends the stream
-/// with an error item, so the registry never commits the upload.
+/// The gzip members of `span` of `file` as they are made on a blocking thread, in the body's
+/// two buffers ([`Pieces`]): the request body of [`Pusher::push_gzipping`]. A failure to read
+/// ends the stream with an error item, so the registry never commits the upload.
 fn gzip_stream(
     file: Source,
     span: Span,
     what: String,
     sent: Sent,
 ) -> impl Stream<Item = Item> + Send + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Item>(2);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(1);
     tokio::task::spawn_blocking(move || {
         let reader = SpanReader::new(file, span);
+        let mut pieces = Pieces::new();
+        let mut send = |piece: Bytes| tx.blocking_send(Ok(piece)).is_ok();
+        let ended = || compress::LayerError::Io {
+            what: "sending".into(),
+            name: what.clone(),
+            source: std::io::Error::other("the request ended"),
+        };
         let made = compress::gzip_blocks(reader, span.len, &what, |member| {
-            sent.add(member.len() as u64);
-            tx.blocking_send(Ok(Bytes::copy_from_slice(member)))
-                .map_err(|_| compress::LayerError::Io {
-                    what: "sending".into(),
-                    name: what.clone(),
-                    source: std::io::Error::other("the request ended"),
-                })
+            match pieces.write(member, &mut send) {
+                true => Ok(()),
+                false => Err(ended()),
+            }
+        })
+        .and_then(|_| match pieces.flush(&mut send) {
+            true => Ok(()),
+            false => Err(ended()),
         });
         if let Err(e) = made {
-            let _ = tx.blocking_send(Err(stream_error(&e.to_string())));
+            let _ = tx.blocking_send(Err(e.to_string()));
         }
     });
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        Some((item, rx))
-    })
+    pieces::body(rx, sent)
 }

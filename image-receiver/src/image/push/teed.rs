@@ -18,7 +18,8 @@ use runr_registry::reqwest;
 use runr_registry::Sha256Hasher;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{stream_error, Attempt, PushError, Pusher, Sent};
+use super::pieces::{self, Pieces};
+use super::{Attempt, PushError, Pusher, Sent};
 use crate::image::archive::Sink;
 use crate::image::compress;
 
@@ -36,11 +37,13 @@ pub enum Fed {
 /// How the walker's side of a fed blob ended: what it made, or why it could not go on.
 type Outcome = Arc<Mutex<Option<Result<compress::Made, String>>>>;
 
-/// The walker's end of a fed blob: each piece goes into the request body (through a channel of
-/// one: bounded memory whatever the registry's pace). Dropped without [`Sink::end`] (the
-/// archive could not be read to the blob's end), it fails the push, which never commits.
+/// The walker's end of a fed blob: what it reads is gathered into pieces of a block, which go
+/// into the request body (through a channel of one, in the body's two buffers: bounded memory
+/// whatever the registry's pace). Dropped without [`Sink::end`] (the archive could not be read
+/// to the blob's end), it fails the push, which never commits.
 pub struct Feed {
     tx: Option<mpsc::Sender<Result<Bytes, String>>>,
+    pieces: Pieces,
     fed: Fed,
     len: u64,
     got: u64,
@@ -48,10 +51,24 @@ pub struct Feed {
     /// goes, a classic layer's is its digest.
     hasher: Sha256Hasher,
     outcome: Outcome,
-    sent: Sent,
 }
 
 impl Feed {
+    /// Hands `data` to the body, and what is gathered too when `last`; false when the push is
+    /// over (it failed), and the walk goes on without it.
+    fn send(&mut self, data: &[u8], last: bool) -> bool {
+        let Feed { tx, pieces, .. } = self;
+        let mut send = |piece: Bytes| {
+            tx.as_ref()
+                .is_some_and(|tx| tx.blocking_send(Ok(piece)).is_ok())
+        };
+        let went = pieces.write(data, &mut send) && (!last || pieces.flush(&mut send));
+        if !went {
+            self.tx = None;
+        }
+        went
+    }
+
     fn fail(&mut self, why: String) {
         if let Some(tx) = self.tx.take() {
             *self.outcome.lock().expect("outcome lock") = Some(Err(why.clone()));
@@ -81,14 +98,9 @@ impl Sink for Feed {
                 }
             }
         }
-        self.sent.add(piece.len() as u64);
-        let tx = self.tx.as_ref().expect("checked above");
-        if tx.blocking_send(Ok(Bytes::copy_from_slice(piece))).is_err() {
-            // The push is over (it failed): the walk goes on without it.
-            self.tx = None;
-            return false;
-        }
-        true
+        // A blob's last bytes go at once (a layer's gzip members end only at `end`).
+        let last = self.fed != Fed::Gzipping && self.got == self.len;
+        self.send(piece, last)
     }
 
     fn end(mut self: Box<Self>, made: Option<&compress::Made>) {
@@ -103,12 +115,18 @@ impl Sink for Feed {
                 Some((digest.clone(), digest, self.got))
             }
         };
+        if !self.send(&[], true) {
+            return;
+        }
         match made {
             Some(made) if self.fed == Fed::Gzipping || self.got == self.len => {
                 // Recorded before the channel closes: the body ends, and the commit goes,
                 // only after.
                 *self.outcome.lock().expect("outcome lock") = Some(Ok(made));
                 self.tx = None;
+                // The walk moves on once the request took the blob's last bytes, as it did
+                // each piece before: a blob is not left in flight behind the next one.
+                self.pieces.settle();
             }
             _ => {
                 let why = format!("{} of {} bytes came", self.got, self.len);
@@ -146,23 +164,21 @@ impl Pusher {
         let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(1);
         let feed = Feed {
             tx: Some(tx),
+            pieces: Pieces::new(),
             fed: fed.clone(),
             len,
             got: 0,
             hasher: Sha256Hasher::new(),
             outcome: outcome.clone(),
-            sent: Sent {
-                progress: self.progress.clone(),
-                attempt: attempt.clone(),
-            },
         };
         if ready.send(Some(feed)).is_err() {
             return Err(PushError::Content(format!("{what}: the walk ended")));
         }
-        let body = futures_util::stream::unfold(rx, |mut rx| async move {
-            let piece = rx.recv().await?.map_err(|why| stream_error(&why));
-            Some((piece, rx))
-        });
+        let sent = Sent {
+            progress: self.progress.clone(),
+            attempt: attempt.clone(),
+        };
+        let body = pieces::body(rx, sent);
         let gzip = fed == Fed::Gzipping;
         let label = match &fed {
             Fed::Named(digest) => format!("pushing {what} {digest} as the archive arrives"),
