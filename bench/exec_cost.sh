@@ -6,6 +6,8 @@
 # to `cat`, RUNR_INPUT=raw), divided by 300, so start-up and shutdown cancel out.
 #
 #   bash bench/exec_cost.sh [BINARY ...]   # default: builds the release musl binary
+#   MODE=persistent bash bench/exec_cost.sh [BINARY ...]   # the same counts for persistent
+#                                    # mode (one C echo worker, examples/c/echo_worker.c)
 #
 # A binary with symbols shows where the instructions go (callgrind_annotate bench/out/cost/*/cg.350):
 #   CARGO_PROFILE_RELEASE_STRIP=false CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
@@ -22,6 +24,14 @@ if [ $# = 0 ]; then
 fi
 OUT=bench/out/cost
 mkdir -p "$OUT"
+MODE=${MODE:-exec}
+case $MODE in
+  exec) MODE_ENV=(RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat) ;;
+  persistent)
+    cc -O2 -o "$OUT/echo_worker" examples/c/echo_worker.c
+    MODE_ENV=(RUNR_WRAPPER_MODE=persistent RUNR_WORKERS=1 RUNR_COMMAND="$PWD/$OUT/echo_worker") ;;
+  *) echo "MODE is exec or persistent" >&2; exit 2 ;;
+esac
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 600); do curl -s -o /dev/null -X POST --data x "http://127.0.0.1:$1/" && return; sleep 0.1; done; echo "not up" >&2; exit 1; }
@@ -42,8 +52,7 @@ run() { # dir tool count binary
     cg) set -- "$@" valgrind --tool=callgrind --callgrind-out-file="$1/cg.$3" ;;
     st) set -- "$@" strace -c -U calls,name -o "$1/st.$3" ;;
   esac
-  env PORT="$p" RUNR_LOG=warn RUNR_WRAPPER_MODE=exec RUNR_INPUT=raw RUNR_COMMAND=cat \
-    "${@:5}" "$4" >/dev/null 2>>"$1/log" &
+  env PORT="$p" RUNR_LOG=warn "${MODE_ENV[@]}" "${@:5}" "$4" >/dev/null 2>>"$1/log" &
   pid=$!
   wait_port "$p"
   requests "$p" "$3"
@@ -54,12 +63,12 @@ run() { # dir tool count binary
 calls() { awk '$1 ~ /^[0-9]+$/ && NF == 2 && $2 != "total" { print $2, $1 }' "$1" | sort; }
 
 for bin in "$@"; do
-  dir=$OUT/$(basename "$(dirname "$(realpath "$bin")")")-$(basename "$bin")
+  dir=$OUT/$MODE-$(basename "$(dirname "$(realpath "$bin")")")-$(basename "$bin")
   mkdir -p "$dir"
   : >"$dir/log"
   for tool in cg st; do for n in 50 350; do run "$dir" "$tool" "$n" "$bin"; done; done
   ir() { awk '/^summary:/ { print $2; exit }' "$dir/cg.$1"; }
-  echo "$bin: $(( ($(ir 350) - $(ir 50)) / 300 )) user-space instructions per request"
+  echo "$bin ($MODE mode): $(( ($(ir 350) - $(ir 50)) / 300 )) user-space instructions per request"
   join <(calls "$dir/st.50") <(calls "$dir/st.350") |
     awk '{ d = ($3 - $2) / 300; t += d; if (d >= 0.05) s = s sprintf(" %s=%.2f", $1, d) }
          END { printf "  %.1f system calls per request:%s\n", t, s }'
