@@ -14,7 +14,7 @@
 //!   `complete` too); the overlap rule before a push;
 //! - `stream`: blobs pushed while the upload arrives (the follower), before `complete`, and
 //!   what falls back to the after-complete pass;
-//! - `matrix`: issue 24's matrix, every format of the corpus plain and compressed whole, its
+//! - `matrix`: every format of the corpus plain and compressed whole, its
 //!   chunks in order, reversed and shuffled, both push modes: the image the same archive
 //!   pushes when sent in one piece;
 //! - `registry_auth`: a registry behind Bearer-token auth or TLS: the push with the right

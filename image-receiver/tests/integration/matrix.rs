@@ -1,4 +1,5 @@
-//! Issue 24's "Done when" matrix, through the real binary into one shared `docker-registry`:
+//! Every format the receiver takes, every way it may arrive, through the real binary into one
+//! shared `docker-registry`:
 //! every format of the corpus × the archive plain and compressed whole with gzip, xz and zstd
 //! (the Debian tools) × its chunks in order, reversed and in a random (fixed) order × both
 //! `RUNR_UPLOAD_COMPRESS` modes. One test per case, named
