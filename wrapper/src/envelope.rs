@@ -290,22 +290,16 @@ pub fn encoded(req: &Request) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::request::test_headers as headers;
     use bytes::Bytes;
     use http::HeaderValue;
 
     use crate::config::Trigger;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    fn envelope(req: &Request) -> Value {
+    /// The envelope of `req`, parsed.
+    pub(crate) fn envelope(req: &Request) -> Value {
         serde_json::from_slice(&encoded(req)).unwrap()
     }
 

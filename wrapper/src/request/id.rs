@@ -50,19 +50,11 @@ pub(crate) fn new_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::test_headers as headers;
     use bytes::Bytes;
-    use http::HeaderValue;
 
     use crate::config::Trigger;
     use crate::request::Request;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     #[test]
     fn ids_are_unique_and_request_id_header_wins() {

@@ -155,18 +155,20 @@ pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a s
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Headers of `pairs`, in order (a name may repeat): what the tests build requests from.
+#[cfg(test)]
+pub(crate) fn test_headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(*k, http::HeaderValue::from_str(v).unwrap());
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
+    use crate::request::test_headers as headers;
 
     #[test]
     fn http_trigger_has_no_event() {

@@ -91,14 +91,7 @@ fn of_cloud_event(headers: &HeaderMap) -> Option<Trigger> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::request::test_headers as headers;
 
     const QUEUE: &[(&str, &str)] = &[
         ("ce-specversion", "1.0"),

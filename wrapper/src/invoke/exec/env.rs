@@ -89,23 +89,13 @@ pub fn header_var(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::tests::envelope;
+    use crate::request::test_headers as headers;
     use bytes::Bytes;
     use http::{HeaderMap, HeaderValue};
 
     use crate::config::Trigger;
     use crate::envelope::{encoded, whole_envelope};
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    fn envelope(req: &Request) -> Value {
-        serde_json::from_slice(&encoded(req)).unwrap()
-    }
 
     #[test]
     fn the_deadline_goes_into_the_envelope_and_the_variables_when_known() {

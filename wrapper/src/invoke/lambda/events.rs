@@ -500,18 +500,11 @@ impl Serialize for EmptyObject {
 mod tests {
     use super::*;
     use crate::config::Trigger;
+    use crate::request::test_headers as headers;
     use bytes::Bytes;
     use http::HeaderValue;
     use serde_json::json;
     use std::time::{Duration, UNIX_EPOCH};
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     fn at(ms: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(ms)
