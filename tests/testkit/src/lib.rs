@@ -111,6 +111,16 @@ pub fn have_tool(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The file a `docker-registry` whose storage is `storage` keeps blob `digest` in.
+pub fn stored_blob(storage: &Path, digest: &str) -> PathBuf {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    storage
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2.min(hex.len())])
+        .join(hex)
+        .join("data")
+}
+
 /// True when every tool in `names` is on PATH; otherwise prints which are missing, so the test
 /// that calls it can skip with a line saying why.
 pub fn tools_present(names: &[&str]) -> bool {

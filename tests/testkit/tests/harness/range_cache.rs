@@ -276,13 +276,7 @@ fn what_it_does_not_store_and_does_not_serve() {
 
     // The upstream's copy overwritten with other bytes of the same size.
     let layer = &image.layers[0];
-    let hex = layer.digest.strip_prefix("sha256:").unwrap();
-    let file = upstream
-        .storage()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&hex[..2])
-        .join(hex)
-        .join("data");
+    let file = runr_testkit::stored_blob(&upstream.storage(), &layer.digest);
     std::fs::write(&file, vec![b'x'; layer.data.len()]).unwrap();
     let r = http::get(cache.addr(), &blob_path(&layer.digest));
     assert_eq!(r.status, 200);

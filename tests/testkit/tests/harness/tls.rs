@@ -250,13 +250,7 @@ fn a_tls_pull_through_cache() {
     // a blob it then answers 500 for, so the restart waits until the layer and the config are
     // stored whole.
     let stored = |cache: &TlsRegistry, blob: &runr_testkit::oci::Blob| {
-        let hex = blob.digest.strip_prefix("sha256:").unwrap();
-        let held = cache
-            .storage()
-            .join("docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data");
+        let held = runr_testkit::stored_blob(&cache.storage(), &blob.digest);
         std::fs::read(held).ok().is_some_and(|d| d == blob.data)
     };
     for blob in [&image.layers[0], &image.config] {

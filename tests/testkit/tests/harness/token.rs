@@ -123,13 +123,7 @@ fn skopeo_pushes_and_pulls_with_the_right_credentials_only() {
     );
     assert!(ok.success(), "{ok:?}\n{}", reg.log());
     for blob in image.blobs() {
-        let hex = blob.digest.strip_prefix("sha256:").unwrap();
-        let stored = reg
-            .storage()
-            .join("docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data");
+        let stored = runr_testkit::stored_blob(&reg.storage(), &blob.digest);
         assert_eq!(std::fs::read(stored).unwrap(), blob.data);
     }
 
@@ -587,13 +581,7 @@ fn a_token_protected_pull_through_cache() {
     );
     assert!(ok.success(), "{ok:?}\n{}", cache.log());
     // Served from upstream through the cache, and now held by it.
-    let hex = image.layers[0].digest.strip_prefix("sha256:").unwrap();
-    let held = cache
-        .storage()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&hex[..2])
-        .join(hex)
-        .join("data");
+    let held = runr_testkit::stored_blob(&cache.storage(), &image.layers[0].digest);
     runr_testkit::wait_for(
         "the cache to store the layer",
         std::time::Duration::from_secs(30),
