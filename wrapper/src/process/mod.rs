@@ -364,17 +364,22 @@ mod tests {
             .expect("grandchild killed with its group");
 
         the_kernel_agrees_with_arg_limit().await;
-        prepared_spawns_like_std().await;
+        prepared_runs_in_its_own_group().await;
+        prepared_unblocks_signals().await;
+        prepared_refuses_what_does_not_fit().await;
+        prepared_runs_in_its_directory().await;
         supervisor::tests::with_real_children().await;
     }
 
-    /// A child of [`prepared::spawn`]: its exit status, its output, its own group, E2BIG
-    /// exactly where [`arg_limit::ArgLimit`] says the inherited environment and the request's
-    /// variables stop fitting, and ENOENT for a program that is not there. (Called from the
-    /// one spawning test.)
-    async fn prepared_spawns_like_std() {
+    /// A pipe end for a child's stdin.
+    fn stdin() -> OwnedFd {
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap().0
+    }
+
+    /// A child of [`prepared::spawn`]: its variables, its exit status, its output, its own
+    /// group. (This and the three below are called from the one spawning test.)
+    async fn prepared_runs_in_its_own_group() {
         use std::ffi::OsString;
-        let stdin = || nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap().0;
         let script = "echo $RUNR_X; read -r _ _ _ _ g _ < /proc/$$/stat; echo $g; exit 4";
         let argv = ["sh".to_string(), "-c".into(), script.into()];
         let p = prepared::Prepared::new("/bin/sh", &argv, None).unwrap();
@@ -389,8 +394,11 @@ mod tests {
         let pgid: i32 = String::from_utf8_lossy(&line).trim().parse().unwrap();
         assert_eq!(pgid, proc.id(), "the leader of its own group");
         assert_eq!(proc.wait().await, Exit::Code(4));
+    }
 
-        // The mask and dispositions as exec'd (a bare name: looked up on PATH).
+    /// A child's signal mask and dispositions as exec'd: nothing blocked, SIGPIPE not ignored
+    /// (a bare program name: looked up on PATH).
+    async fn prepared_unblocks_signals() {
         let argv = [
             "grep".to_string(),
             "-E".into(),
@@ -411,7 +419,12 @@ mod tests {
         let sigpipe = 1 << (Signal::SIGPIPE as u32 - 1);
         assert_eq!(masks[1] & sigpipe, 0, "SIGPIPE not ignored");
         assert_eq!(proc.wait().await, Exit::Code(0));
+    }
 
+    /// E2BIG exactly where [`arg_limit::ArgLimit`] says the inherited environment and the
+    /// request's variables stop fitting.
+    async fn prepared_refuses_what_does_not_fit() {
+        use std::ffi::OsString;
         let program = "/bin/true";
         let argv = [program.to_string()];
         let limit = arg_limit::ArgLimit::of_this_process(program, &argv);
@@ -433,8 +446,11 @@ mod tests {
             .err()
             .expect("E2BIG");
         assert_eq!(e.raw_os_error(), Some(nix::libc::E2BIG), "{e}");
+    }
 
-        // In its working directory, with ours unchanged after; a relative program there.
+    /// A child in its working directory, with ours unchanged after; a relative program there;
+    /// an error for a directory or a program that is not there.
+    async fn prepared_runs_in_its_directory() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("here.sh"), "pwd").unwrap();
         let ours = std::env::current_dir().unwrap();
