@@ -212,7 +212,7 @@ run bare "$p" "$pid"
 kill "$pid"; wait "$pid" || true
 
 echo "spawn floor, size, start-up ..." >&2
-read -r FLOOR_CPU FLOOR_WALL <<<"$("$OUT/spawn_floor" 3000)"
+read -r FLOOR_CPU FLOOR_WALL FLOOR_OWN <<<"$("$OUT/spawn_floor" 3000)"
 read -r FORK_CPU FORK_WALL <<<"$("$OUT/fork_exec_cat" 3000)"
 
 # Peak RSS (VmHWM) of the wrapper while 64 requests of 9 MiB are in it at once: the handlers
@@ -273,7 +273,7 @@ for name in $NAMES lambda telemetry invlines bare; do
   done
 done
 echo
-printf 'spawn floor (posix_spawn+pipe+wait of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FLOOR_CPU" "$FLOOR_WALL"
+printf 'spawn floor (posix_spawn+pipe+wait of cat, sequential): %s us CPU, %s us wall per spawn, %s us of it the spawner'"'"'s own\n' "$FLOOR_CPU" "$FLOOR_WALL" "$FLOOR_OWN"
 printf 'fork floor (fork+execve+waitpid of cat, sequential): %s us CPU, %s us wall per spawn\n' "$FORK_CPU" "$FORK_WALL"
 for c in 1 8 64; do
   awk -v e="${CPU[exec,$c]}" -v f="$FLOOR_CPU" -v k="$FORK_CPU" -v c="$c" \
@@ -287,7 +287,8 @@ if [ -n "$BEFORE" ]; then
 fi
 for c in 1 8 64; do
   awk -v e="${SELF[exec,$c]}" -v p="${SELF[persistent,$c]}" -v c="$c" \
-    'BEGIN { printf "exec c%-2s wrapper CPU per request: %s us, %.2fx persistent mode'"'"'s %s us (target <= 2)\n", c, e, e / p, p }'
+    -v o="$FLOOR_OWN" \
+    'BEGIN { printf "exec c%-2s wrapper CPU per request: %s us, %.2fx persistent mode'"'"'s %s us (target <= 2); the spawner'"'"'s own floor alone %.2fx\n", c, e, e / p, p, o / p }'
 done
 printf 'exec mode, system calls of the wrapper per request: %s\n' "$SYSCALLS"
 [ -n "$BEFORE" ] && printf 'exec mode, system calls per request with BEFORE:    %s\n' "$SYSCALLS_BEFORE"

@@ -368,6 +368,7 @@ mod tests {
         prepared_unblocks_signals().await;
         prepared_refuses_what_does_not_fit().await;
         prepared_runs_in_its_directory().await;
+        reaper::tests::both_ways_of_reaping().await;
         supervisor::tests::with_real_children().await;
     }
 

@@ -17,11 +17,13 @@
 //! Consequence for the rest of the crate: never use `tokio::process` or `std::process::Child::wait`
 //! here; spawn with [`super::spawn`] and wait with [`super::Process::wait`].
 //!
-//! Each exited child is reaped with `wait4` rather than `waitpid`: the same, plus the child's
+//! A child std spawned is reaped with `wait4` rather than `waitpid`: the same, plus the child's
 //! own resource usage, whose peak resident set the per-invocation log line reports. nix has no
-//! `wait4` and the workspace forbids `unsafe`, so the loop finds an exited child with
-//! `waitid(P_ALL, WNOWAIT)` (it stays a zombie), and reaps a registered one through the `wait4`
-//! crate's `Child::wait4` (immediate: it has exited), an orphan with `waitpid`.
+//! `wait4` and the workspace forbids `unsafe`, so while such a child is registered the loop
+//! finds an exited child with `waitid(P_ALL, WNOWAIT)` (it stays a zombie), and reaps a
+//! registered one through the `wait4` crate's `Child::wait4` (immediate: it has exited), any
+//! other with `waitpid`. While none is (exec mode without the per-invocation line, every pool),
+//! `waitpid(-1)` reaps directly: one system call an exit fewer.
 
 use std::collections::BTreeMap;
 use std::process::Child;
@@ -73,10 +75,13 @@ pub struct Reaped {
 /// spawned them (kept only to be reaped through: std never waits for it).
 pub struct Table {
     waiting: BTreeMap<i32, (oneshot::Sender<Reaped>, Option<Child>)>,
+    /// How many of `waiting` hold a std `Child` (to be reaped with its rusage).
+    with_child: usize,
 }
 
 static TABLE: Mutex<Table> = Mutex::new(Table {
     waiting: BTreeMap::new(),
+    with_child: 0,
 });
 
 /// True while a reaper task runs (reset when its runtime drops it, so a new runtime, e.g. in
@@ -93,15 +98,21 @@ pub fn lock() -> MutexGuard<'static, Table> {
 impl Table {
     /// Registers `child`; the receiver gets its exit status once it is reaped.
     pub fn register(&mut self, child: Child) -> oneshot::Receiver<Reaped> {
-        let (tx, rx) = oneshot::channel();
-        self.waiting.insert(child.id() as i32, (tx, Some(child)));
-        rx
+        self.insert(child.id() as i32, Some(child))
     }
 
     /// Registers `pid`, spawned without std: reaped by pid, without its rusage.
     pub fn register_pid(&mut self, pid: i32) -> oneshot::Receiver<Reaped> {
+        self.insert(pid, None)
+    }
+
+    fn insert(&mut self, pid: i32, child: Option<Child>) -> oneshot::Receiver<Reaped> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.insert(pid, (tx, None));
+        self.with_child += usize::from(child.is_some());
+        // A pid already there was reaped behind the table's back (never by this module).
+        if let Some((_, Some(_))) = self.waiting.insert(pid, (tx, child)) {
+            self.with_child -= 1;
+        }
         rx
     }
 
@@ -115,6 +126,9 @@ impl Table {
     fn reap(&mut self, pid: Pid, exit: Exit) {
         match self.waiting.remove(&pid.as_raw()) {
             Some((tx, child)) => {
+                if child.is_some() {
+                    self.with_child -= 1;
+                }
                 // A zombie: wait4 returns at once, with its rusage. Linux reports KiB.
                 let max_rss_kib = match child.map(|mut c| c.wait4()) {
                     Some(Ok(used)) => used.rusage.maxrss / 1024,
@@ -181,6 +195,9 @@ async fn reap_loop(mut sigchld: Signal, _running: Running) {
 /// Reaps every exited child, ours or orphaned, without blocking.
 pub fn reap_now() {
     let mut table = lock();
+    if table.with_child == 0 {
+        return reap_all(&mut table);
+    }
     let exited = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     loop {
         match waitid(Id::All, exited) {
@@ -193,6 +210,34 @@ pub fn reap_now() {
                 tracing::warn!(error = %e, "waitid failed");
                 return;
             }
+        }
+    }
+}
+
+/// [`reap_now`] while no std `Child` is registered: each `waitpid(-1)` reaps one exited
+/// child (the lock is held, so none can be registered meanwhile).
+fn reap_all(table: &mut Table) {
+    loop {
+        let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, Exit::Signal(sig as i32)),
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+            // Stops and continues are not asked for (no WUNTRACED, no WCONTINUED).
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "waitpid failed");
+                return;
+            }
+        };
+        match table.waiting.remove(&pid.as_raw()) {
+            // Registered by pid (no `Child`, as `with_child` is 0): no rusage.
+            Some((tx, _)) => {
+                let _ = tx.send(Reaped {
+                    exit,
+                    max_rss_kib: 0,
+                });
+            }
+            None => tracing::debug!(pid = pid.as_raw(), ?exit, "reaped orphan"),
         }
     }
 }
@@ -212,5 +257,49 @@ pub fn adopt_orphans() {
              go to the container's PID 1, and stay zombies holding the pod's pids unless it \
              reaps them; make runr-wrapper the container's command to have them reaped"
         );
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::process::Command;
+
+    use super::*;
+    use crate::process::{prepared, spawn};
+
+    /// Children spawned both ways at once are reaped through the `waitid` peek (a std child is
+    /// registered), then, once it is gone, through `waitpid(-1)` alone: every exit status
+    /// reaches its waiter, and only std's children report a peak RSS. (Called from the one
+    /// spawning test.)
+    pub async fn both_ways_of_reaping() {
+        let stdin = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap().0;
+        let exiting = |code: i32| {
+            let argv = ["sh".to_string(), "-c".into(), format!("exit {code}")];
+            prepared::Prepared::new("/bin/sh", &argv, None).unwrap()
+        };
+        let mut held = spawn(Command::new("sleep").arg("30")).unwrap();
+        assert_eq!(lock().with_child, 1);
+        for code in [5, 6] {
+            let mut p = prepared::spawn(&exiting(code), &[], stdin(), false).unwrap();
+            assert_eq!(p.wait().await, Exit::Code(code));
+            assert_eq!(p.peak_rss_kib(), None, "reaped by pid: no rusage");
+        }
+        held.signal_group(nix::sys::signal::Signal::SIGKILL);
+        assert_eq!(held.wait().await, Exit::Signal(9));
+        assert!(held.peak_rss_kib().is_some_and(|kib| kib > 0));
+        let table = lock();
+        assert_eq!(table.with_child, 0, "{:?}", table.waiting.keys());
+        drop(table);
+
+        let mut ps: Vec<_> = (7..10)
+            .map(|code| prepared::spawn(&exiting(code), &[], stdin(), false).unwrap())
+            .collect();
+        for (p, code) in ps.iter_mut().zip(7..) {
+            assert_eq!(p.wait().await, Exit::Code(code));
+        }
+        let mut p = spawn(Command::new("sh").args(["-c", "exit 11"])).unwrap();
+        assert_eq!(p.wait().await, Exit::Code(11));
+        assert!(p.peak_rss_kib().is_some_and(|kib| kib > 0));
+        assert_eq!(lock().with_child, 0);
     }
 }
