@@ -287,9 +287,10 @@ pub(super) mod tests {
         held.signal_group(nix::sys::signal::Signal::SIGKILL);
         assert_eq!(held.wait().await, Exit::Signal(9));
         assert!(held.peak_rss_kib().is_some_and(|kib| kib > 0));
-        let table = lock();
-        assert_eq!(table.with_child, 0, "{:?}", table.waiting.keys());
-        drop(table);
+        {
+            let table = lock();
+            assert_eq!(table.with_child, 0, "{:?}", table.waiting.keys());
+        }
 
         let mut ps: Vec<_> = (7..10)
             .map(|code| prepared::spawn(&exiting(code), &[], stdin(), false).unwrap())
