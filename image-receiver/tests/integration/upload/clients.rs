@@ -8,9 +8,6 @@ use runr_testkit::http::{self, Conn, Resp};
 
 use crate::support::*;
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
-
 /// Chunk sizes around the buffer sizes (0 is an empty chunk at its offset).
 const SIZES: &[usize] = &[
     0,
