@@ -107,6 +107,22 @@ impl LinePipe {
 /// in a newline, cut into pieces of at most [`MAX_LOG_LINE`]; a run of [`MAX_LOG_LINE`] bytes
 /// without one; and at `eof` whatever is left. What stays in `pending` is the start of a line
 /// shorter than [`MAX_LOG_LINE`].
+/// Waits until the pipe, while there is one, has lines or its end to flush; never without one
+/// (a `select!` branch for a log pipe that may be absent).
+pub async fn fill(p: &mut Option<LinePipe>) {
+    match p {
+        Some(p) => p.fill().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs what the pipe, if there is one, holds.
+pub fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
+    if let Some(p) = p {
+        p.flush(log);
+    }
+}
+
 pub fn take_lines(pending: &mut Vec<u8>, eof: bool, mut emit: impl FnMut(&[u8])) {
     let mut start = 0;
     while let Some(i) = pending[start..].iter().position(|&b| b == b'\n') {

@@ -406,8 +406,8 @@ async fn collect(
                 Ok(_) if out.len() > MAX_OUTPUT => return Collected::TooLarge,
                 Ok(n) => collecting.charge(n),
             },
-            () = fill(&mut pipes.stderr), if stderr_open => flush(&mut pipes.stderr, log),
-            () = fill(&mut pipes.stdout_log), if stdout_open => flush(&mut pipes.stdout_log, log),
+            () = lines::fill(&mut pipes.stderr), if stderr_open => lines::flush(&mut pipes.stderr, log),
+            () = lines::fill(&mut pipes.stdout_log), if stdout_open => lines::flush(&mut pipes.stdout_log, log),
         }
     };
     // The handler has exited, so everything it wrote is in the pipe already. Read only that:
@@ -439,19 +439,6 @@ impl Collecting<'_> {
 impl Drop for Collecting<'_> {
     fn drop(&mut self) {
         self.held.release(self.bytes);
-    }
-}
-
-async fn fill(p: &mut Option<LinePipe>) {
-    match p {
-        Some(p) => p.fill().await,
-        None => std::future::pending().await,
-    }
-}
-
-fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
-    if let Some(p) = p {
-        p.flush(log);
     }
 }
 

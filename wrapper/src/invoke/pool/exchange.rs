@@ -12,7 +12,7 @@ use tokio::net::unix::pipe;
 use super::super::{Outcome, MAX_OUTPUT};
 use crate::envelope::{self, WRITE_CHUNK};
 use crate::observe::logs::{HandlerLog, Stream};
-use crate::process::lines::LinePipe;
+use crate::process::lines::{self, LinePipe};
 use crate::process::{self, Drained, Line, Process};
 use crate::request::Request;
 use crate::response;
@@ -126,8 +126,8 @@ impl WorkerIo {
                         Read::Closed
                     }
                 },
-                () = fill(&mut self.stderr), if stderr_open => flush(&mut self.stderr, log),
-                () = fill(&mut self.stdout_log), if stdout_open => flush(&mut self.stdout_log, log),
+                () = lines::fill(&mut self.stderr), if stderr_open => lines::flush(&mut self.stderr, log),
+                () = lines::fill(&mut self.stdout_log), if stdout_open => lines::flush(&mut self.stdout_log, log),
             }
         }
     }
@@ -155,7 +155,7 @@ impl WorkerIo {
         self.take_idle(&buffered, idle);
         let mut chunk = [0u8; 8192];
         while self.answers_open {
-            match crate::process::lines::read_now(self.answers.get_ref(), &mut chunk) {
+            match lines::read_now(self.answers.get_ref(), &mut chunk) {
                 Ok(0) => self.answers_open = false,
                 Ok(n) => self.take_idle(&chunk[..n], idle),
                 Err(_) => break,
@@ -185,19 +185,6 @@ impl WorkerIo {
         {
             p.drain_now(log);
         }
-    }
-}
-
-async fn fill(p: &mut Option<LinePipe>) {
-    match p {
-        Some(p) => p.fill().await,
-        None => std::future::pending().await,
-    }
-}
-
-fn flush(p: &mut Option<LinePipe>, log: &mut HandlerLog) {
-    if let Some(p) = p {
-        p.flush(log);
     }
 }
 
@@ -272,12 +259,12 @@ pub(super) async fn exchange(
                 let written = written.load(Ordering::Relaxed);
                 return after_exit(answers, line, idle_tail, log, stream, written);
             }
-            () = fill(stderr), if stderr_open => {
-                flush(stderr, log);
+            () = lines::fill(stderr), if stderr_open => {
+                lines::flush(stderr, log);
                 continue;
             }
-            () = fill(stdout_log), if stdout_open => {
-                flush(stdout_log, log);
+            () = lines::fill(stdout_log), if stdout_open => {
+                lines::flush(stdout_log, log);
                 continue;
             }
             read = process::read_line_capped(answers, line, MAX_OUTPUT + 1) => read,
