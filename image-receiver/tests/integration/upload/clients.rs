@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use runr_testkit::http::{self, Conn, Resp};
 
+use super::without_date;
 use crate::support::*;
 
 /// Chunk sizes around the buffer sizes (0 is an empty chunk at its offset).
@@ -22,17 +23,6 @@ const SIZES: &[usize] = &[
     MIB,
     MIB + 1,
 ];
-
-/// An answer without its `Date` header (the one part that changes from second to second).
-fn comparable(resp: &Resp) -> (u16, Vec<(String, String)>, Vec<u8>) {
-    let headers = resp
-        .headers
-        .iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
-        .collect();
-    (resp.status, headers, resp.body.clone())
-}
 
 /// The requests whose answers do not depend on what other clients do (the status and
 /// `complete` answers do: they count the bytes held).
@@ -88,7 +78,7 @@ fn concurrent_clients_get_exact_answers() {
         let requests = fixed_requests(data.len());
         let reference: Vec<_> = requests
             .iter()
-            .map(|(m, p, b)| comparable(&once(r.addr, m, p, b)))
+            .map(|(m, p, b)| without_date(&once(r.addr, m, p, b)))
             .collect();
         let statuses: Vec<u16> = reference.iter().map(|(s, _, _)| *s).collect();
         assert_eq!(statuses, [200, 400, 416, 404, 405]);
@@ -109,7 +99,7 @@ fn concurrent_clients_get_exact_answers() {
                 scope.spawn(move || {
                     // The fixed requests before and after this client's chunks.
                     for (i, (m, p, b)) in requests.iter().enumerate() {
-                        let got = comparable(&once(r.addr, m, p, b));
+                        let got = without_date(&once(r.addr, m, p, b));
                         assert_eq!(got, reference[i], "client {c}: {m} {p}");
                     }
                     let mut conn = Conn::open(r.addr);
@@ -127,7 +117,7 @@ fn concurrent_clients_get_exact_answers() {
                         assert!(v["status"] == "receiving" || len == 0, "{v}");
                     }
                     for (i, (m, p, b)) in requests.iter().enumerate() {
-                        let got = comparable(&once(r.addr, m, p, b));
+                        let got = without_date(&once(r.addr, m, p, b));
                         assert_eq!(got, reference[i], "client {c}: {m} {p}");
                     }
                 });

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use runr_testkit::http::{Conn, Resp};
 
+use super::without_date;
 use crate::support::*;
 
 /// What the test's stalled chunks declare and what they send before they stop: the chunk of the
@@ -45,16 +46,6 @@ fn abandoned(mut conn: Conn) -> Resp {
         String::from_utf8_lossy(&rest)
     );
     resp
-}
-
-fn without_date(resp: &Resp) -> (u16, Vec<(String, String)>, Vec<u8>) {
-    let headers = resp
-        .headers
-        .iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
-        .collect();
-    (resp.status, headers, resp.body.clone())
 }
 
 fn expected_idle_answer(idle: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
