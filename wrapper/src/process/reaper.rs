@@ -22,7 +22,8 @@
 //! `wait4` and the workspace forbids `unsafe`, so while such a child is registered the loop
 //! finds an exited child with `waitid(P_ALL, WNOWAIT)` (it stays a zombie), and reaps a
 //! registered one through the `wait4` crate's `Child::wait4` (immediate: it has exited), any
-//! other with `waitpid`. While none is (exec mode without the per-invocation line, every pool),
+//! other with `waitpid`. While none is (exec mode without the per-invocation line; persistent
+//! and lambda mode spawn their workers through std, so they always have one),
 //! `waitpid(-1)` reaps directly: one system call an exit fewer.
 
 use std::collections::BTreeMap;
