@@ -492,9 +492,7 @@ fn a_gzip_archive_of_eight_times_its_size_through_the_chunk_api_needs_its_size_o
         assert_eq!(r.put((i * chunk) as u64, part).0, 200);
     }
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to finish", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     let disk = disk.peak();
     let rss = r.peak_rss_kib();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
@@ -553,9 +551,7 @@ fn a_classic_tar_gzipped_as_it_arrives_needs_its_size_on_disk() {
     });
     assert_eq!(r.put(tail as u64, &data[tail..]).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to finish", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     let disk = disk.peak();
     let rss = r.peak_rss_kib();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
@@ -1428,9 +1424,7 @@ fn compressed_archives_uploaded_through_the_chunk_api() {
         );
         assert_eq!(r.put(0, &data).0, 200);
         assert_eq!(r.complete().0, 202);
-        let s = r.wait_status("the push to finish", |s| {
-            s["status"] == "completed" || s["status"] == "failed"
-        });
+        let s = r.finished();
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         assert_eq!(verify_pulled(&reg, &c, false), 1, "{file}");
         // Only the upload and its state: nothing decompressed is written.
@@ -1466,9 +1460,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
         assert_eq!(r.put((i * 4096) as u64, chunk).0, 200);
     }
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to finish", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let image = &s["image"];
     assert_eq!(image["source_format"], "docker", "{s}");
@@ -1501,9 +1493,7 @@ fn docker_archive_uploaded_through_the_chunk_api() {
     );
     assert_eq!(r.put(0, &bad).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to fail", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "failed", "{s}");
     let msg = s["message"].as_str().unwrap_or_default();
     assert!(msg.starts_with("app.tar: layer "), "{s}");

@@ -133,9 +133,7 @@ fn sixty_four_concurrent_8_mib_chunks_then_the_push_within_64_mib() {
     let s = r.status();
     assert_eq!(s["uploaded_bytes"], size, "{s}");
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let push = r.peak_rss_kib();
     println!("peak RSS: {ingest} KiB after ingest, {push} KiB after the push");
@@ -481,9 +479,7 @@ fn a_parallel_push_cut_by_sigkill_completes_after_restart() {
     });
     r.kill9();
     r.restart();
-    let s = r.wait_status("the resumed push", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["image"]["layers"], 6, "{s}");
     c.target = format!("{}/{}:{}", reg.host(), c.repo, c.tag);

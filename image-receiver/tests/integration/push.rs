@@ -25,7 +25,6 @@ use std::time::Duration;
 use runr_testkit::oci::TestImage;
 use runr_testkit::proxy::{Hook, Proxy, RequestHead, Verdict};
 use runr_testkit::{have_tool, Registry};
-use serde_json::Value;
 
 use crate::support::{oci_archive, pulled_from, Receiver};
 
@@ -171,12 +170,6 @@ fn started(work: &Path, data: &[u8], proxy: &HoldingProxy) -> Receiver {
     r
 }
 
-fn finished(r: &Receiver) -> Value {
-    r.wait_status("the push to end", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    })
-}
-
 fn big_digest(image: &TestImage) -> String {
     image
         .blobs()
@@ -233,7 +226,7 @@ fn status_shows_the_push_progress_while_it_runs() {
     }
     assert_eq!(s["uploaded_bytes"], data.len() as u64);
     proxy.release();
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(
         s["push"],
@@ -263,7 +256,7 @@ fn a_registry_restarted_mid_blob_gets_that_blob_again_from_its_start() {
     reg.stop();
     reg.restart();
     proxy.release();
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let big = big_digest(&image);
     let log = r.log();
@@ -329,7 +322,7 @@ fn a_registry_restarted_mid_blob_of_a_gzip_archive_gets_that_blob_again_from_its
     );
     assert_eq!(r.put(last as u64, &data[last..]).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let log = r.log();
     assert!(log.contains("indexed while it arrived"), "{log}");
@@ -366,7 +359,7 @@ fn a_receiver_killed_mid_blob_resumes_and_what_is_there_costs_a_head() {
     r.kill9();
     proxy.release();
     r.restart();
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert!(r.log().contains("starting that again"), "{}", r.log());
     let big = big_digest(&image);
@@ -409,7 +402,7 @@ fn a_chunk_rewritten_with_other_bytes_changes_nothing_that_was_held() {
     assert_eq!(r.put(half as u64, &data[half..]).0, 200);
     assert!(r.data_file() == data, "held bytes changed");
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_from(&reg, REPO, &image);
 }
@@ -462,7 +455,7 @@ fn a_registry_restarted_while_a_blob_streams_before_complete_gets_it_again() {
     assert!(retried[0].contains(&big), "{retried:?}");
     assert_eq!(r.put(end as u64, &data[end..]).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     // Pushed once more, it would have been a second PUT after the retry's.
     assert_eq!(proxy.count("PUT", &big), 2);
@@ -541,7 +534,7 @@ fn a_registry_restarted_while_a_classic_layer_streams_gets_it_again(compress: &s
     );
     assert_eq!(r.put(end as u64, &data[end..]).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let log = r.log();
     if compress == "gzip" {

@@ -35,9 +35,7 @@ fn upload(work: &Path, data: &[u8], target: &str, env: &[(&str, &str)]) -> (Valu
     let r = Receiver::for_data(&dir, data, &all);
     assert_eq!(r.put(0, data).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to end", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     (s, r)
 }
 
@@ -258,9 +256,7 @@ fn a_token_service_outage_is_retried_not_taken_for_a_refusal() {
         },
     );
     reg.restart_token_service();
-    let s = r.wait_status("the push to end", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(reg.tokens().issued(), 1, "{:?}", reg.tokens().log());
     pulled_whole(
@@ -357,9 +353,7 @@ fn streamed_upload(
         assert_eq!(r.put(start as u64, &data[start..end]).0, 200);
     }
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to end", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     (s, r)
 }
 

@@ -151,12 +151,6 @@ fn chunk_count(data: &[u8]) -> usize {
     data.len().div_ceil(CHUNK)
 }
 
-fn finished(r: &Receiver) -> Value {
-    r.wait_status("the push to end", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    })
-}
-
 fn has_blob(reg: &Registry, repo: &str, digest: &str) -> bool {
     http_get_status(reg.addr(), &format!("/v2/{repo}/blobs/{digest}")) == Some(200)
 }
@@ -225,7 +219,7 @@ fn pushed_after_complete(
     let r = receiver(work, reg, repo, data, extra);
     put_range(&r, data, (0..chunk_count(data)).rev());
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     s
 }
@@ -237,7 +231,7 @@ fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]
     let r = receiver(work.path(), &reg, &repo, data, extra);
     streamed_before_complete(&r, &reg, &repo, data, &large(image));
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_from(&reg, &repo, image);
     let blobs = image.blobs().len() as u64;
@@ -388,7 +382,7 @@ fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() 
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let log = r.log();
     // After complete only the small layer is gzip'ed (below the follower's 1 MiB).
@@ -452,7 +446,7 @@ fn a_layer_pushed_as_it_arrived_that_fails_its_diff_id_leaves_no_tag(compress: &
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "failed", "{s}\n{}", r.log());
     let message = s["message"].as_str().unwrap();
     let says = match compress {
@@ -542,7 +536,7 @@ fn a_classic_layer_with_none_streams_from_its_first_byte() {
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_from(&reg, repo, &image);
     let bytes = image.blob_bytes();
@@ -615,7 +609,7 @@ fn a_classic_archive_with_its_documents_first_is_pushed_by_diff_id_and_not_sent_
         let tail = after_large_blobs(&data);
         put_range(&r, &data, tail / CHUNK..chunk_count(&data));
         assert_eq!(r.complete().0, 202);
-        let s = finished(&r);
+        let s = r.finished();
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         assert_eq!(s["push"]["bytes_pushed"], s["push"]["bytes"], "{s}");
         pulled_from(&reg, repo, &image);
@@ -657,7 +651,7 @@ fn a_chunk_rewritten_inside_a_streamed_layer_changes_nothing() {
         put_range(&r, &data, upto..chunk_count(&data));
         assert!(r.data_file() == data, "held bytes changed");
         assert_eq!(r.complete().0, 202);
-        let s = finished(&r);
+        let s = r.finished();
         assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
         match compress {
             "gzip" => pulled_gzipped(&reg, &repo, &image),
@@ -732,7 +726,7 @@ fn a_whole_compressed_archive_in_order_is_pushed_while_it_arrives(
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let log = r.log();
     assert!(log.contains("indexed while it arrived"), "{log}");
@@ -798,7 +792,7 @@ fn a_whole_gzip_archive_sent_last_chunk_first_is_pushed_after_complete() {
     );
     put_range(&r, &data, (0..chunk_count(&data)).rev());
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let log = r.log();
     assert!(
@@ -910,7 +904,7 @@ fn a_receiver_killed_while_a_compressed_archive_streams_follows_again_from_byte_
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["blobs_pushed"], s["push"]["blobs"], "{s}");
     pulled_from(&reg, repo, &image);
@@ -947,7 +941,7 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     pulled_from(&reg, repo, &image);
 }
@@ -979,7 +973,7 @@ fn a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0(com
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     match compress {
         "gzip" => pulled_gzipped(&reg, &repo, &image),
@@ -1048,7 +1042,7 @@ fn many_status_readers_during_the_push_see_monotone_progress() {
         .collect();
     put_range(&r, &data, 0..chunk_count(&data));
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     done.store(true, Ordering::SeqCst);
     for reader in readers {
         assert!(reader.join().expect("a reader panicked") > 0);
@@ -1076,7 +1070,7 @@ fn a_shuffled_upload_is_pushed_whole() {
     runr_testkit::random::Rng::new(0x2545_f491_4f6c_dd1d).shuffle(&mut order);
     put_range(&r, &data, order.into_iter());
     assert_eq!(r.complete().0, 202);
-    let s = finished(&r);
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
     pulled_from(&reg, repo, &image);

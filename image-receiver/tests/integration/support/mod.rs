@@ -196,6 +196,13 @@ impl Receiver {
         })
     }
 
+    /// The `/status` that ends the push: `completed` or `failed`.
+    pub fn finished(&self) -> Value {
+        self.wait_status("the push to end", |s| {
+            s["status"] == "completed" || s["status"] == "failed"
+        })
+    }
+
     /// The data file as the receiver wrote it.
     pub fn data_file(&self) -> Vec<u8> {
         std::fs::read(self.dir.join("upload.data")).unwrap()

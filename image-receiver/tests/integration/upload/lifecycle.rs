@@ -159,9 +159,7 @@ fn a_push_cut_by_sigkill_is_resumed_after_restart() {
     drop(black_hole);
     registry.restart();
     r.restart();
-    let s = r.wait_status("the resumed push to finish", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     assert_eq!(s["image"]["tag_ref"], target);
     assert!(r.log().contains("starting that again"), "{}", r.log());
@@ -185,9 +183,7 @@ fn a_registry_with_basic_auth_takes_the_push_with_the_right_credentials_only() {
         );
         assert_eq!(r.put(0, &module).0, 200);
         assert_eq!(r.complete().0, 202);
-        let s = r.wait_status("the push to finish", |s| {
-            s["status"] == "completed" || s["status"] == "failed"
-        });
+        let s = r.finished();
         assert_eq!(s["status"], expect, "{s}\n{}", r.log());
         if expect == "failed" {
             // The user is told it is about the registry's credentials, not the file.
@@ -230,9 +226,7 @@ fn wasm_module_is_pushed_and_its_digest_read_back() {
     assert_eq!(r.put(4, &module[4..]).0, 200);
     assert_eq!(r.put(0, &module[..4]).0, 200);
     assert_eq!(r.complete().0, 202);
-    let s = r.wait_status("the push to finish", |s| {
-        s["status"] == "completed" || s["status"] == "failed"
-    });
+    let s = r.finished();
     assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
     let image = &s["image"];
     assert_eq!(image["kind"], "wasm", "{s}");
