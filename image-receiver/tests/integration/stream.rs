@@ -218,10 +218,7 @@ fn pushed_after_complete(
 ) -> Value {
     let r = receiver(work, reg, repo, data, extra);
     put_range(&r, data, (0..chunk_count(data)).rev());
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
-    s
+    r.completed()
 }
 
 fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]) {
@@ -230,9 +227,7 @@ fn in_order(data: &[u8], image: &TestImage, format: &str, extra: &[(&str, &str)]
     let repo = format!("runr-uploads/platform/{format}-stream");
     let r = receiver(work.path(), &reg, &repo, data, extra);
     streamed_before_complete(&r, &reg, &repo, data, &large(image));
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     pulled_from(&reg, &repo, image);
     let blobs = image.blobs().len() as u64;
     let bytes = image.blob_bytes();
@@ -381,9 +376,7 @@ fn a_classic_archive_in_order_with_gzip_is_gzipped_and_pushed_before_complete() 
     assert!(!has_manifest(&reg, repo, "1"), "a tag before complete");
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     let log = r.log();
     // After complete only the small layer is gzip'ed (below the follower's 1 MiB).
     assert_eq!(
@@ -535,9 +528,7 @@ fn a_classic_layer_with_none_streams_from_its_first_byte() {
     assert!(!has_manifest(&reg, repo, "1"), "a tag before complete");
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     pulled_from(&reg, repo, &image);
     let bytes = image.blob_bytes();
     assert_eq!(s["push"]["bytes_pushed"], bytes, "{s}");
@@ -608,9 +599,7 @@ fn a_classic_archive_with_its_documents_first_is_pushed_by_diff_id_and_not_sent_
         assert!(layers_pushed_while_arriving(&log).is_empty(), "{log}");
         let tail = after_large_blobs(&data);
         put_range(&r, &data, tail / CHUNK..chunk_count(&data));
-        assert_eq!(r.complete().0, 202);
-        let s = r.finished();
-        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        let s = r.completed();
         assert_eq!(s["push"]["bytes_pushed"], s["push"]["bytes"], "{s}");
         pulled_from(&reg, repo, &image);
     }
@@ -650,9 +639,7 @@ fn a_chunk_rewritten_inside_a_streamed_layer_changes_nothing() {
         assert_eq!(body["uploaded_bytes"], (upto * CHUNK) as u64, "{body}");
         put_range(&r, &data, upto..chunk_count(&data));
         assert!(r.data_file() == data, "held bytes changed");
-        assert_eq!(r.complete().0, 202);
-        let s = r.finished();
-        assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+        r.completed();
         match compress {
             "gzip" => pulled_gzipped(&reg, &repo, &image),
             _ => pulled_from(&reg, &repo, &image),
@@ -725,9 +712,7 @@ fn a_whole_compressed_archive_in_order_is_pushed_while_it_arrives(
     assert!(!has_manifest(&reg, &repo, "1"), "a tag before complete");
     let (code, body) = r.put(tail as u64, &data[tail..]);
     assert_eq!(code, 200, "{body}");
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     let log = r.log();
     assert!(log.contains("indexed while it arrived"), "{log}");
     assert!(
@@ -791,9 +776,7 @@ fn a_whole_gzip_archive_sent_last_chunk_first_is_pushed_after_complete() {
         &[("RUNR_UPLOAD_COMPRESS", "none")],
     );
     put_range(&r, &data, (0..chunk_count(&data)).rev());
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    r.completed();
     let log = r.log();
     assert!(
         !log.contains("blob pushed while the upload arrives"),
@@ -903,9 +886,7 @@ fn a_receiver_killed_while_a_compressed_archive_streams_follows_again_from_byte_
     r.kill9();
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     assert_eq!(s["push"]["blobs_pushed"], s["push"]["blobs"], "{s}");
     pulled_from(&reg, repo, &image);
 }
@@ -940,9 +921,7 @@ fn a_receiver_killed_while_a_blob_streams_follows_again_from_byte_0() {
     r.kill9();
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    r.completed();
     pulled_from(&reg, repo, &image);
 }
 
@@ -972,9 +951,7 @@ fn a_receiver_killed_while_a_classic_layer_streams_follows_again_from_byte_0(com
     r.kill9();
     r.restart();
     put_range(&r, &data, upto..chunk_count(&data));
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    r.completed();
     match compress {
         "gzip" => pulled_gzipped(&reg, &repo, &image),
         _ => pulled_from(&reg, &repo, &image),
@@ -1069,9 +1046,7 @@ fn a_shuffled_upload_is_pushed_whole() {
     // A fixed permutation, so a failure reproduces.
     runr_testkit::random::Rng::new(0x2545_f491_4f6c_dd1d).shuffle(&mut order);
     put_range(&r, &data, order.into_iter());
-    assert_eq!(r.complete().0, 202);
-    let s = r.finished();
-    assert_eq!(s["status"], "completed", "{s}\n{}", r.log());
+    let s = r.completed();
     assert_eq!(s["push"]["bytes_pushed"], image.blob_bytes(), "{s}");
     pulled_from(&reg, repo, &image);
     let today = pushed_after_complete(

@@ -203,6 +203,14 @@ impl Receiver {
         })
     }
 
+    /// `POST /complete` (accepted), then the push's end, which must be `completed`.
+    pub fn completed(&self) -> Value {
+        assert_eq!(self.complete().0, 202);
+        let s = self.finished();
+        assert_eq!(s["status"], "completed", "{s}\n{}", self.log());
+        s
+    }
+
     /// The data file as the receiver wrote it.
     pub fn data_file(&self) -> Vec<u8> {
         std::fs::read(self.dir.join("upload.data")).unwrap()
