@@ -544,35 +544,58 @@ impl Pusher {
         }
         tracing::info!(what, digest, size = span.len, "pushing blob");
         let mismatch = Arc::new(Mutex::new(None));
-        // What the current attempt sent: a failed attempt's bytes are taken back when the next
-        // one starts again from the blob's first byte.
-        let attempt = Arc::new(AtomicU64::new(0));
-        let result = self
-            .retry(&format!("pushing {what} {digest}"), || {
-                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                let stream = span_stream(
+        let label = format!("pushing {what} {digest}");
+        let (result, attempt) = self
+            .push_attempts(&label, digest, span.len, |sent| {
+                let reading = Reading {
+                    check,
+                    follow: follow.clone(),
+                };
+                let (digest, what) = (digest.to_string(), what.to_string());
+                span_stream(
                     file.clone(),
                     span,
-                    digest.to_string(),
-                    what.to_string(),
+                    digest,
+                    what,
                     mismatch.clone(),
-                    Reading {
-                        check,
-                        follow: follow.clone(),
-                    },
-                    Sent {
-                        progress: self.progress.clone(),
-                        attempt: attempt.clone(),
-                    },
-                );
-                self.blobs
-                    .push_blob_stream(&self.target, stream, digest, Some(span.len))
+                    reading,
+                    sent,
+                )
             })
             .await;
         if let Some(message) = mismatch.lock().expect("mismatch lock").take() {
             return Err(PushError::Content(message));
         }
-        self.settle(result.map(drop), &attempt)
+        self.settle(result, &attempt)
+    }
+
+    /// Pushes blob `digest` of `size` bytes with the retry policy, each attempt's body made by
+    /// `body` from what it counts as sent. A retry starts again from the blob's first byte, so
+    /// what the failed attempt counted is taken back first; the last attempt's count comes
+    /// back with the result, for [`Self::settle`].
+    async fn push_attempts<S>(
+        &self,
+        label: &str,
+        digest: &str,
+        size: u64,
+        body: impl Fn(Sent) -> S,
+    ) -> (Result<(), PushError>, Arc<AtomicU64>)
+    where
+        S: Stream<Item = Item> + Send + 'static,
+    {
+        let attempt = Arc::new(AtomicU64::new(0));
+        let result = self
+            .retry(label, || {
+                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
+                let stream = body(Sent {
+                    progress: self.progress.clone(),
+                    attempt: attempt.clone(),
+                });
+                self.blobs
+                    .push_blob_stream(&self.target, stream, digest, Some(size))
+            })
+            .await;
+        (result.map(drop), attempt)
     }
 
     /// Pushes the uncompressed layer at `span` of `file` gzip'ed on the way, as blob `digest`
@@ -591,24 +614,13 @@ impl Pusher {
             return Ok(false);
         }
         tracing::info!(what, digest, size, "pushing layer, gzip'ed as it streams");
-        let attempt = Arc::new(AtomicU64::new(0));
-        let result = self
-            .retry(&format!("pushing layer {what} {digest}"), || {
-                self.progress.unsent(attempt.swap(0, Ordering::SeqCst));
-                let stream = gzip_stream(
-                    file.clone(),
-                    span,
-                    what.to_string(),
-                    Sent {
-                        progress: self.progress.clone(),
-                        attempt: attempt.clone(),
-                    },
-                );
-                self.blobs
-                    .push_blob_stream(&self.target, stream, digest, Some(size))
+        let label = format!("pushing layer {what} {digest}");
+        let (result, attempt) = self
+            .push_attempts(&label, digest, size, |sent| {
+                gzip_stream(file.clone(), span, what.to_string(), sent)
             })
             .await;
-        self.settle(result.map(drop), &attempt)
+        self.settle(result, &attempt)
     }
 
     /// Pushes a small blob held in memory (a config written here).
