@@ -13,6 +13,10 @@ use crate::{free_port, have_tool, http_get_status, wait_for, Child};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// New ports tried when the first free port was taken before the registry bound it.
 const PORT_ATTEMPTS: usize = 5;
+/// How often a registry whose port is its own for good tries it again while another socket
+/// holds it, [`PORT_WAIT`] apart (10 s in all).
+const PORT_WAITS: usize = 100;
+const PORT_WAIT: Duration = Duration::from_millis(100);
 /// What Go's HTTPS server answers a plain-HTTP request with: proof it is up and serving TLS.
 const PLAIN_TO_TLS: u16 = 400;
 
@@ -24,6 +28,11 @@ pub(crate) struct Distribution {
     extra: String,
     /// `http.tls` certificate and key, when it serves HTTPS.
     tls: Option<(PathBuf, PathBuf)>,
+    /// `log.level`.
+    log_level: &'static str,
+    /// The port is the registry's for good: it answered there once (clients know it), or
+    /// the caller chose it.
+    port_fixed: bool,
 }
 
 impl Distribution {
@@ -43,7 +52,25 @@ impl Distribution {
             child: None,
             extra: String::new(),
             tls: None,
+            log_level: "info",
+            port_fixed: false,
         }
+    }
+
+    /// Serves on `port`, the caller's choice, instead of a free one.
+    pub(crate) fn on_port(&mut self, port: u16) {
+        self.port = port;
+        self.port_fixed = true;
+    }
+
+    /// Logs at `level` (`info` by default; `warn` keeps a busy registry's log short).
+    pub(crate) fn log_level(&mut self, level: &'static str) {
+        self.log_level = level;
+    }
+
+    /// Its directory (configuration, storage, log), for files its configuration names.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     /// Sets what the next start appends to the configuration and whether it serves HTTPS.
@@ -52,12 +79,18 @@ impl Distribution {
         self.tls = tls;
     }
 
-    /// First start: like [`Distribution::restart`], but when another process took the port in
-    /// the meantime it tries a new one.
+    /// First start: like [`Distribution::restart`], but when another process took a free port
+    /// in the meantime it tries a new one.
     pub(crate) fn start(&mut self) {
+        if self.port_fixed {
+            return self.restart();
+        }
         for attempt in 1..=PORT_ATTEMPTS {
             match self.spawn_and_wait() {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.port_fixed = true;
+                    return;
+                }
                 Err(log) if log.contains("address already in use") && attempt < PORT_ATTEMPTS => {
                     self.port = free_port();
                 }
@@ -66,10 +99,21 @@ impl Distribution {
         }
     }
 
-    /// Starts again on the same port and storage (after [`Distribution::stop`]).
+    /// Starts again on the same port and storage (after [`Distribution::stop`]). While another
+    /// socket holds the port (a client's ephemeral port can take it while the registry is
+    /// down), it tries again until the port is let go.
     pub(crate) fn restart(&mut self) {
-        if let Err(log) = self.spawn_and_wait() {
-            panic!("docker-registry did not start again:\n{log}");
+        for attempt in 1..=PORT_WAITS {
+            match self.spawn_and_wait() {
+                Ok(()) => {
+                    self.port_fixed = true;
+                    return;
+                }
+                Err(log) if log.contains("address already in use") && attempt < PORT_WAITS => {
+                    std::thread::sleep(PORT_WAIT);
+                }
+                Err(log) => panic!("docker-registry did not start again:\n{log}"),
+            }
         }
     }
 
@@ -102,9 +146,10 @@ impl Distribution {
             None => String::new(),
         };
         format!(
-            "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: true\nstorage:\n  \
+            "version: 0.1\nlog:\n  level: {}\n  accesslog:\n    disabled: true\nstorage:\n  \
              filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  \
              maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: {}\n{tls}{}",
+            self.log_level,
             self.storage().display(),
             self.addr(),
             self.extra

@@ -236,9 +236,7 @@ impl Drop for Child {
 /// A real CNCF distribution registry (`docker-registry` from Debian) on a free loopback port,
 /// storing into a temporary directory that is removed on drop.
 pub struct Registry {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    port: u16,
+    dist: distribution::Distribution,
     proxy: Option<String>,
     /// `user:password` the registry requires (htpasswd, basic auth), if any.
     basic_auth: Option<(String, String)>,
@@ -247,90 +245,75 @@ pub struct Registry {
 impl Registry {
     /// Starts a plain registry and waits until it answers `GET /v2/`.
     pub fn start() -> Registry {
-        Self::start_with(None)
+        Self::start_with(None, None)
     }
 
-    /// Starts a registry in pull-through cache mode for `upstream` (`http://127.0.0.1:port`).
+    /// Starts a pull-through cache for `upstream` (e.g. `http://127.0.0.1:5000`).
     pub fn start_proxy(upstream: &str) -> Registry {
-        Self::start_with(Some(upstream.to_string()))
+        Self::start_with(Some(upstream.to_string()), None)
     }
 
-    /// Starts a plain registry that requires basic auth as `user`/`password` (an htpasswd file
-    /// made with `htpasswd -B` from Debian's apache2-utils).
+    /// Starts a plain registry that requires basic auth with `user` and `password`.
     pub fn start_with_basic_auth(user: &str, password: &str) -> Registry {
-        Self::start_basic_auth(None, user, password)
+        Self::start_with(None, Some((user, password)))
     }
 
-    /// A pull-through cache for `upstream` that requires basic auth as `user`/`password`.
+    /// Starts a pull-through cache for `upstream` that requires basic auth.
     pub fn start_proxy_with_basic_auth(upstream: &str, user: &str, password: &str) -> Registry {
-        Self::start_basic_auth(Some(upstream.to_string()), user, password)
-    }
-
-    fn start_basic_auth(proxy: Option<String>, user: &str, password: &str) -> Registry {
-        assert!(
-            have_tool("htpasswd"),
-            "htpasswd is not installed (apt-get install apache2-utils; .ci/run does this)"
-        );
-        let mut reg = Self::new_stopped(proxy);
-        reg.basic_auth = Some((user.to_string(), password.to_string()));
-        reg.restart();
-        reg
+        Self::start_with(Some(upstream.to_string()), Some((user, password)))
     }
 
     /// Starts a pull-through cache for `upstream` on a chosen loopback `port`, for tests whose
     /// client starts first (e.g. to check that it waits for the registry to come up). Get the
-    /// port from [`free_port`].
+    /// port from [`free_port`]; while another socket holds it, the registry waits for it.
     pub fn start_proxy_on_port(upstream: &str, port: u16) -> Registry {
-        let dir = tempfile::Builder::new()
-            .prefix("runr-registry-")
-            .tempdir()
-            .expect("tempdir");
-        let mut reg = Registry {
-            child: None,
-            dir,
-            port,
-            proxy: Some(upstream.to_string()),
-            basic_auth: None,
-        };
-        reg.restart();
+        let mut reg = Self::stopped(Some(upstream.to_string()), None);
+        reg.dist.on_port(port);
+        reg.start_first();
         reg
     }
 
-    fn start_with(proxy: Option<String>) -> Registry {
-        let mut reg = Self::new_stopped(proxy);
-        reg.restart();
+    fn start_with(proxy: Option<String>, basic_auth: Option<(&str, &str)>) -> Registry {
+        let mut reg = Self::stopped(proxy, basic_auth);
+        reg.start_first();
         reg
     }
 
-    fn new_stopped(proxy: Option<String>) -> Registry {
-        assert!(
-            have_tool("docker-registry"),
-            "docker-registry is not installed (apt-get install docker-registry; .ci/run does this)"
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("runr-registry-")
-            .tempdir()
-            .expect("tempdir");
-        Registry {
-            child: None,
-            dir,
-            port: free_port(),
-            proxy,
-            basic_auth: None,
+    fn stopped(proxy: Option<String>, basic_auth: Option<(&str, &str)>) -> Registry {
+        if basic_auth.is_some() {
+            assert!(
+                have_tool("htpasswd"),
+                "htpasswd is not installed (apt-get install apache2-utils; .ci/run does this)"
+            );
         }
+        let mut dist = distribution::Distribution::new("runr-registry-");
+        dist.log_level("warn");
+        Registry {
+            dist,
+            proxy,
+            basic_auth: basic_auth.map(|(u, p)| (u.to_string(), p.to_string())),
+        }
+    }
+
+    fn start_first(&mut self) {
+        self.configure();
+        self.dist.start();
     }
 
     /// Starts the registry again on the same port and storage (after [`Registry::stop`]).
     pub fn restart(&mut self) {
-        self.stop();
-        let config = self.dir.path().join("config.yml");
-        let storage = self.dir.path().join("storage");
+        self.configure();
+        self.dist.restart();
+    }
+
+    /// The proxy and basic-auth sections of its configuration (the htpasswd file made anew).
+    fn configure(&mut self) {
         let mut extra = match &self.proxy {
             Some(url) => format!("proxy:\n  remoteurl: {url}\n"),
             None => String::new(),
         };
         if let Some((user, password)) = &self.basic_auth {
-            let htpasswd = self.dir.path().join("htpasswd");
+            let htpasswd = self.dist.dir().join("htpasswd");
             let out = Command::new("htpasswd")
                 .args(["-Bbn", user, password])
                 .output()
@@ -342,55 +325,17 @@ impl Registry {
                 htpasswd.display()
             ));
         }
-        let yaml = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
-             filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  \
-             maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: 127.0.0.1:{}\n{}",
-            storage.display(),
-            self.port,
-            extra
-        );
-        std::fs::write(&config, yaml).expect("write registry config");
-        let log = std::fs::File::create(self.dir.path().join("registry.log")).expect("log file");
-        let child = Child::spawn(
-            Command::new("docker-registry")
-                .arg("serve")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("clone log"))
-                .stderr(log),
-        )
-        .expect("spawn docker-registry");
-        self.child = Some(child);
-        let url = format!("http://{}/v2/", self.addr());
-        wait_for(
-            &format!("docker-registry to answer {url}"),
-            Duration::from_secs(20),
-            || {
-                if let Some(c) = self.child.as_mut() {
-                    if let Ok(Some(status)) = c.inner().try_wait() {
-                        panic!(
-                            "docker-registry exited with {status}: {}",
-                            std::fs::read_to_string(self.dir.path().join("registry.log"))
-                                .unwrap_or_default()
-                        );
-                    }
-                }
-                http_get_status(self.addr(), "/v2/").filter(|s| *s == 200 || *s == 401)
-            },
-        );
+        self.dist.configure(extra, None);
     }
 
     /// Stops the registry (SIGKILL to its group); storage stays for [`Registry::restart`].
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill();
-        }
+        self.dist.stop();
     }
 
     /// `127.0.0.1:<port>`.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        self.dist.addr()
     }
 
     /// `127.0.0.1:<port>` as a string, the form image references and skopeo use.
@@ -405,18 +350,12 @@ impl Registry {
 
     /// The registry's storage root on disk (blobs under `docker/registry/v2/blobs`).
     pub fn storage(&self) -> PathBuf {
-        self.dir.path().join("storage")
+        self.dist.storage()
     }
 
     /// The registry's own log, for failure messages.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        self.stop();
+        self.dist.log()
     }
 }
 

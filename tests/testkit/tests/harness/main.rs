@@ -4,5 +4,6 @@
 mod httpd;
 mod range_cache;
 mod redis_cluster;
+mod registry;
 mod tls;
 mod token;
